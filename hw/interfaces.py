@@ -1,0 +1,154 @@
+"""Signatures of the streams and ports that connect the RNIC blocks.
+
+All streams are ``amaranth.lib.stream`` streams (valid/ready, payload moves when both are
+high). Conventions that every block follows:
+
+* **Beat streams** carry bytes packed from byte 0: ``data`` holds up to ``W`` bytes
+  (byte *i* in bits ``[8i+7:8i]``), ``nbytes`` says how many are valid (``W`` on every beat
+  but the last), ``last`` marks the final beat. A zero-length transfer has no beats.
+* **DMA** is byte-addressed and unaligned: a read request ``(addr, len, tag)`` is answered
+  by ``ceil(len / W)`` data beats packed from the byte at ``addr``, in request order, each
+  carrying the request's ``tag``. A write is one stream of beats; ``addr`` and ``len`` are
+  taken from the first beat of each write. ``len`` is at most 65535 bytes; a zero-length
+  request is never issued. The host model (``sim/host.py``) or an on-chip memory answers.
+* **Packets inside the NIC** travel as a :data:`~hw.formats.PKT_META` struct on a ``meta``
+  stream, followed by exactly ``ceil(paylen / W)`` beats on the ``payload`` stream of the
+  same direction (none when ``paylen == 0``).
+* **Lookups** into context tables are combinational: drive ``index``, read ``data`` in the
+  same cycle (asynchronous read port of a ``lib.memory.Memory``).
+* **Frames** on the network (``tx``/``rx`` of a node, the link) are beat streams holding a
+  whole Ethernet frame, RoCEv2 headers through ICRC.
+"""
+
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for
+
+from . import formats
+
+__all__ = [
+    "beat_layout", "BeatStream", "DmaReadReq", "dma_read_data_layout", "DmaReadData",
+    "dma_write_layout", "DmaWrite", "DmaReadClient", "MmioSignature", "Lookup",
+    "DoorbellEvent", "QpEvent", "CqeRequest", "PacketOut",
+    "DMA_TAG_BITS",
+]
+
+DMA_TAG_BITS = 4
+
+
+def beat_layout(data_bytes):
+    return data.StructLayout({
+        "data": 8 * data_bytes,
+        "nbytes": bits_for(data_bytes),
+        "last": 1,
+    })
+
+
+def BeatStream(data_bytes):
+    return stream.Signature(beat_layout(data_bytes))
+
+
+DMA_READ_REQ = data.StructLayout({"addr": 64, "len": 16, "tag": DMA_TAG_BITS})
+
+
+def DmaReadReq():
+    return stream.Signature(DMA_READ_REQ)
+
+
+def dma_read_data_layout(data_bytes):
+    return data.StructLayout({
+        "data": 8 * data_bytes,
+        "nbytes": bits_for(data_bytes),
+        "last": 1,
+        "tag": DMA_TAG_BITS,
+    })
+
+
+def DmaReadData(data_bytes):
+    return stream.Signature(dma_read_data_layout(data_bytes))
+
+
+def dma_write_layout(data_bytes):
+    return data.StructLayout({
+        "addr": 64,
+        "len": 16,
+        "data": 8 * data_bytes,
+        "nbytes": bits_for(data_bytes),
+        "last": 1,
+    })
+
+
+def DmaWrite(data_bytes):
+    return stream.Signature(dma_write_layout(data_bytes))
+
+
+def DmaReadClient(data_bytes):
+    """A DMA read port as seen by a client: requests out, data in."""
+    return wiring.Signature({
+        "req": Out(DmaReadReq()),
+        "resp": In(DmaReadData(data_bytes)),
+    })
+
+
+class MmioSignature(wiring.Signature):
+    """Host-to-NIC register bus, 64-bit registers at byte addresses (bits 2:0 ignored).
+
+    A write takes effect in the cycle ``we`` is high. A read: ``re`` high for one cycle,
+    ``rdata`` valid (``rvalid`` high) in the next cycle. ``MmioSignature()`` is the host
+    side (drives addr/wdata/we/re); a NIC block takes ``In(MmioSignature())``.
+    """
+
+    def __init__(self, addr_width=16):
+        super().__init__({
+            "addr": Out(addr_width),
+            "wdata": Out(64),
+            "we": Out(1),
+            "re": Out(1),
+            "rdata": In(64),
+            "rvalid": In(1),
+        })
+
+
+def Lookup(index_width, data_shape):
+    """Combinational table read: the client drives ``index`` and reads ``data``."""
+    return wiring.Signature({
+        "index": Out(index_width),
+        "data": In(data_shape),
+    })
+
+
+def DoorbellEvent():
+    """A validated doorbell ring: QP ``qpn`` has posted WQEs up to producer index ``pi``."""
+    return stream.Signature(data.StructLayout({"qpn": 24, "pi": 16}))
+
+
+QP_EVENT = data.StructLayout({
+    "qpn": 24,
+    "state": formats.QpState,
+    "sq_psn": 24,
+    "rq_psn": 24,
+})
+
+
+def QpEvent():
+    """Broadcast after every accepted modify-QP: the new state and the PSNs to start from."""
+    return stream.Signature(QP_EVENT)
+
+
+CQE_REQUEST = data.StructLayout({
+    "cqn": 16,
+    "cqe": formats.CQE,
+})
+
+
+def CqeRequest():
+    """A completion to be written to completion queue ``cqn``; owner bit is set by the engine."""
+    return stream.Signature(CQE_REQUEST)
+
+
+def PacketOut(data_bytes):
+    """A packet leaving a block: header fields then payload beats (``In(PacketOut(W))`` to receive)."""
+    return wiring.Signature({
+        "meta": Out(stream.Signature(formats.PKT_META)),
+        "payload": Out(BeatStream(data_bytes)),
+    })

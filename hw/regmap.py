@@ -1,0 +1,124 @@
+"""The RNIC's MMIO register map and its command interface (the driver's view).
+
+The NIC exposes 64-bit registers at byte addresses (see :class:`~hw.interfaces.MmioSignature`).
+Configuration goes through a small command interface modelled on the mlx5 command queue:
+the driver writes up to eight argument words, then writes ``CMD`` with an opcode and an
+index; the command takes effect in one cycle and ``CMD`` reads back its status.
+
+====================  =======  ==============================================================
+address               access   meaning
+====================  =======  ==============================================================
+0x0000 ``ID``         R        ``0x52_4E_49_43_0001`` ("RNIC", version 1)
+0x0008 ``NODE_ID``    R/W      this NIC's node number (MAC/IP in packets)
+0x0010 ``CMD``        R/W      write: bits 7:0 opcode, bits 31:16 index; read: last status
+0x0040 + 8*i          W        ``ARG[i]``, i = 0..7 (256 bits of arguments, ARG0 lowest)
+0x0100 + 8*i          R        performance counter *i* (see :class:`Counter`)
+0x1000 + 8*r          W        send doorbell register *r* (a :data:`~hw.formats.DOORBELL` word)
+0x2000 ``RQ_DB``      W        receive doorbell: bits 23:0 QPN, bits 47:32 new RQ producer index
+0x2008 ``CQ_DB``      W        CQ consumer index: bits 23:0 CQN, bits 47:32 consumer index
+====================  =======  ==============================================================
+"""
+
+from amaranth.lib import data, enum
+
+from .formats import MR_ENTRY
+
+__all__ = ["Reg", "Cmd", "CmdStatus", "Counter", "QP_CTX", "CQ_CTX",
+           "ID_VALUE", "ARG_WORDS", "DOORBELL_BASE", "COUNTER_BASE", "ARG_BASE",
+           "LEGAL_TRANSITIONS", "mkey_index"]
+
+ID_VALUE = 0x524E_4943_0001
+ARG_BASE = 0x0040
+ARG_WORDS = 8
+COUNTER_BASE = 0x0100
+DOORBELL_BASE = 0x1000
+
+
+class Reg(enum.IntEnum):
+    ID = 0x0000
+    NODE_ID = 0x0008
+    CMD = 0x0010
+    RQ_DB = 0x2000
+    CQ_DB = 0x2008
+
+
+class Cmd(enum.IntEnum):
+    """Command opcodes; the arguments are the bits of the named layout, ARG0 lowest."""
+    NOP = 0
+    SET_QP = 1       # index QPN, args QP_CTX; only while the QP is in RESET
+    MODIFY_QP = 2    # index QPN, ARG0 bits 2:0 new QpState, ARG1 bits 23:0 sq_psn, 47:24 rq_psn
+    SET_CQ = 3       # index CQN, args CQ_CTX
+    SET_MR = 4       # index MR slot, args MR_ENTRY (the key's bits 15:8 must equal the slot)
+    BIND_DB = 5      # index QPN, ARG0 doorbell register number
+
+
+class CmdStatus(enum.IntEnum):
+    OK = 0
+    BAD_INDEX = 1
+    BAD_TRANSITION = 2
+    BAD_VALUE = 3
+    BAD_OPCODE = 4
+    BUSY = 5
+
+
+#: Legal modify-QP transitions (IBA 10.3.1, figure 125, RC without SQD/SQE):
+#: RESET->INIT, INIT->INIT, INIT->RTR, RTR->RTS, RTS->RTS, any->ERR, any->RESET.
+LEGAL_TRANSITIONS = {
+    ("RESET", "INIT"), ("INIT", "INIT"), ("INIT", "RTR"), ("RTR", "RTS"), ("RTS", "RTS"),
+    *((s, "ERR") for s in ("RESET", "INIT", "RTR", "RTS", "ERR")),
+    *((s, "RESET") for s in ("RESET", "INIT", "RTR", "RTS", "ERR")),
+}
+
+
+class Counter(enum.IntEnum):
+    """Performance counters, each 64 bits at COUNTER_BASE + 8 * value."""
+    TX_PACKETS = 0
+    RX_PACKETS = 1
+    TX_BYTES = 2
+    RX_BYTES = 3
+    DMA_READS = 4
+    DMA_READ_BYTES = 5
+    DMA_WRITES = 6
+    DMA_WRITE_BYTES = 7
+    OPS_WRITE = 8          # request messages sent, by kind
+    OPS_READ = 9
+    OPS_SEND = 10
+    OPS_CAS = 11
+    OPS_FAA = 12
+    NAKS_SENT = 13
+    NAKS_RECEIVED = 14
+    RX_DROP_ICRC = 15      # frames dropped because the ICRC did not match
+    RX_DROP_MALFORMED = 16 # frames dropped as malformed (bad length, unknown opcode, ...)
+    DOORBELLS = 17
+    DOORBELL_REJECTS = 18  # doorbell rings for a QP not bound to that register
+    CQES = 19
+    WQE_FETCHES = 20
+
+
+#: Static part of a queue pair's context, set by SET_QP (ARG0 holds bits 63:0).
+QP_CTX = data.StructLayout({
+    "sq_base": 64,         # host address of the send queue (WQE_BYTES per entry)
+    "rq_base": 64,         # host address of the receive queue (RECV_WQE_BYTES per entry)
+    "sq_log_size": 5,      # send queue holds 2**sq_log_size WQEs
+    "rq_log_size": 5,
+    "send_cq": 10,         # CQ for send-side completions
+    "recv_cq": 10,         # CQ for receive-side completions
+    "pd": 16,              # protection domain
+    "dest_qpn": 24,        # remote QP
+    "dest_node": 8,        # remote node
+    "access": 8,           # remote access this QP grants (Access flags)
+    "max_rd_atomic": 5,    # outstanding READ/atomic limit, 1..16
+})
+
+#: Completion queue context, set by SET_CQ.
+CQ_CTX = data.StructLayout({
+    "base": 64,            # host address of the CQE ring (CQE_BYTES per entry)
+    "log_size": 5,
+})
+
+assert MR_ENTRY.size <= 64 * ARG_WORDS and QP_CTX.size <= 64 * ARG_WORDS
+
+
+def mkey_index(key, n_mrs):
+    """MR table slot named by an lkey/rkey: bits 15:8 of the key (bits 7:0 are a tag)."""
+    return (key >> 8) & (n_mrs - 1)
