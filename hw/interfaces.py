@@ -24,13 +24,13 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from . import formats
+from . import formats, regmap
 
 __all__ = [
     "beat_layout", "BeatStream", "DmaReadReq", "dma_read_data_layout", "DmaReadData",
     "dma_write_layout", "DmaWrite", "DmaReadClient", "MmioSignature", "Lookup",
     "DoorbellEvent", "QpEvent", "CqeRequest", "PacketOut",
-    "DMA_TAG_BITS",
+    "DMA_TAG_BITS", "QP_LOOKUP", "QP_EVENT", "CQ_EVENT", "CqEvent", "QpErrRequest",
 ]
 
 DMA_TAG_BITS = 4
@@ -122,6 +122,9 @@ def DoorbellEvent():
     return stream.Signature(data.StructLayout({"qpn": 24, "pi": 16}))
 
 
+#: What a QP lookup returns: the static context and the current state.
+QP_LOOKUP = data.StructLayout({"ctx": regmap.QP_CTX, "state": formats.QpState})
+
 QP_EVENT = data.StructLayout({
     "qpn": 24,
     "state": formats.QpState,
@@ -133,6 +136,19 @@ QP_EVENT = data.StructLayout({
 def QpEvent():
     """Broadcast after every accepted modify-QP: the new state and the PSNs to start from."""
     return stream.Signature(QP_EVENT)
+
+
+def CqEvent():
+    """Broadcast after SET_CQ: the CQ's producer index restarts at 0."""
+    return stream.Signature(CQ_EVENT)
+
+
+CQ_EVENT = data.StructLayout({"cqn": 16})
+
+
+def QpErrRequest():
+    """A block asks the context table to move QP ``qpn`` to the ERR state."""
+    return stream.Signature(data.StructLayout({"qpn": 24}))
 
 
 CQE_REQUEST = data.StructLayout({
