@@ -1,0 +1,241 @@
+"""Context tables and the command interface of the RNIC (the driver's control path).
+
+Models the part of an RNIC that the driver programs through its command queue (mlx5's
+``CREATE_QP`` / ``MODIFY_QP`` / ``CREATE_CQ`` / ``CREATE_MKEY`` commands, here reduced to one
+command register and eight argument words, see :mod:`hw.regmap`):
+
+* the QP context table (static part, :data:`~hw.regmap.QP_CTX`) and the state of every QP,
+  with the modify-QP state machine of the InfiniBand Architecture Specification vol. 1
+  rel. 1.4, section 10.3.1 (RESET, INIT, RTR, RTS, ERR; SQD/SQE not modelled): an illegal
+  transition is refused with ``CmdStatus.BAD_TRANSITION`` and changes nothing;
+* the CQ context table (:data:`~hw.regmap.CQ_CTX`);
+* the memory-region table (:data:`~hw.formats.MR_ENTRY`, IBA 10.6): base, length, key,
+  protection domain and access rights, checked by requester and responder on every access;
+* the QP-to-doorbell-register binding used by :mod:`hw.doorbell`.
+
+All tables are ``lib.memory.Memory`` instances with combinational read ports, one per
+consumer. A command takes effect in the cycle the ``CMD`` register is written. Accepted
+modify-QP commands, and QPs forced to ERR by the requester or responder, are broadcast on
+``qp_event`` so that both engines reset their per-QP state.
+"""
+
+from amaranth import *
+from amaranth.lib import wiring, memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from .config import NicConfig
+from .formats import MR_ENTRY, QpState
+from .interfaces import (MmioSignature, Lookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
+from .regmap import (Reg, Cmd, CmdStatus, QP_CTX, CQ_CTX, ARG_BASE, ARG_WORDS, ID_VALUE,
+                     LEGAL_TRANSITIONS)
+
+__all__ = ["Context", "DB_INDEX_BITS"]
+
+DB_INDEX_BITS = 10
+
+
+def _bits(n):
+    return max(1, ceil_log2(n))
+
+
+class Context(wiring.Component):
+    """QP / CQ / MR / doorbell-binding tables behind the MMIO command interface.
+
+    Ports
+    -----
+    bus : In(MmioSignature)        ID, NODE_ID, CMD, ARG registers.
+    node_id : Out(8)
+    qp_req, qp_resp : In(Lookup)   QP context + state, for requester and responder.
+    mr_req, mr_resp : In(Lookup)   memory-region entries.
+    cq : In(Lookup)                CQ contexts, for the completion engine.
+    bind : In(Lookup)              doorbell register bound to a QP.
+    qp_event : Out(QpEvent)        consumers must always be ready.
+    cq_event : Out(CqEvent)        consumers must always be ready.
+    err_req, err_resp : In(QpErrRequest)  move a QP to ERR.
+    """
+
+    def __init__(self, cfg: NicConfig):
+        if not isinstance(cfg, NicConfig):
+            raise TypeError(f"cfg must be a NicConfig, not {cfg!r}")
+        self.cfg = cfg
+        self.qpn_bits = _bits(cfg.n_qps)
+        self.cqn_bits = _bits(cfg.n_cqs)
+        self.mr_bits = _bits(cfg.n_mrs)
+        super().__init__({
+            "bus": In(MmioSignature()),
+            "node_id": Out(8),
+            "qp_req": In(Lookup(self.qpn_bits, QP_LOOKUP)),
+            "qp_resp": In(Lookup(self.qpn_bits, QP_LOOKUP)),
+            "mr_req": In(Lookup(self.mr_bits, MR_ENTRY)),
+            "mr_resp": In(Lookup(self.mr_bits, MR_ENTRY)),
+            "cq": In(Lookup(self.cqn_bits, CQ_CTX)),
+            "bind": In(Lookup(self.qpn_bits, DB_INDEX_BITS)),
+            "qp_event": Out(QpEvent()),
+            "cq_event": Out(CqEvent()),
+            "err_req": In(QpErrRequest()),
+            "err_resp": In(QpErrRequest()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+
+        m.submodules.qp_mem = qp_mem = memory.Memory(shape=QP_CTX, depth=cfg.n_qps, init=[])
+        m.submodules.cq_mem = cq_mem = memory.Memory(shape=CQ_CTX, depth=cfg.n_cqs, init=[])
+        m.submodules.mr_mem = mr_mem = memory.Memory(shape=MR_ENTRY, depth=cfg.n_mrs, init=[])
+        m.submodules.bind_mem = bind_mem = memory.Memory(
+            shape=DB_INDEX_BITS, depth=cfg.n_qps, init=[])
+        qp_wr, cq_wr, mr_wr, bind_wr = (mem.write_port() for mem in (qp_mem, cq_mem, mr_mem, bind_mem))
+
+        states = Array(Signal(QpState, name=f"qp{i}_state") for i in range(cfg.n_qps))
+
+        # Combinational lookups.
+        for port in (self.qp_req, self.qp_resp):
+            rp = qp_mem.read_port(domain="comb")
+            m.d.comb += [rp.addr.eq(port.index), port.data.ctx.eq(rp.data),
+                         port.data.state.eq(states[port.index])]
+        for port in (self.mr_req, self.mr_resp):
+            rp = mr_mem.read_port(domain="comb")
+            m.d.comb += [rp.addr.eq(port.index), port.data.eq(rp.data)]
+        rp = cq_mem.read_port(domain="comb")
+        m.d.comb += [rp.addr.eq(self.cq.index), self.cq.data.eq(rp.data)]
+        rp = bind_mem.read_port(domain="comb")
+        m.d.comb += [rp.addr.eq(self.bind.index), self.bind.data.eq(rp.data)]
+
+        # MMIO registers.
+        node_id = Signal(8)
+        args = Signal(64 * ARG_WORDS)
+        status = Signal(8)
+        m.d.comb += self.node_id.eq(node_id)
+        addr = self.bus.addr & ~7
+        m.d.sync += [self.bus.rvalid.eq(self.bus.re), self.bus.rdata.eq(0)]
+        with m.If(self.bus.re):
+            with m.Switch(addr):
+                with m.Case(Reg.ID):
+                    m.d.sync += self.bus.rdata.eq(ID_VALUE)
+                with m.Case(Reg.NODE_ID):
+                    m.d.sync += self.bus.rdata.eq(node_id)
+                with m.Case(Reg.CMD):
+                    m.d.sync += self.bus.rdata.eq(status)
+                for i in range(ARG_WORDS):
+                    with m.Case(ARG_BASE + 8 * i):
+                        m.d.sync += self.bus.rdata.eq(args.word_select(i, 64))
+
+        cmd_go = Signal()
+        with m.If(self.bus.we):
+            with m.Switch(addr):
+                with m.Case(Reg.NODE_ID):
+                    m.d.sync += node_id.eq(self.bus.wdata)
+                with m.Case(Reg.CMD):
+                    m.d.comb += cmd_go.eq(1)
+                for i in range(ARG_WORDS):
+                    with m.Case(ARG_BASE + 8 * i):
+                        m.d.sync += args.word_select(i, 64).eq(self.bus.wdata)
+
+        # Command decode.
+        opcode = self.bus.wdata[0:8]
+        index = self.bus.wdata[16:32]
+        qp_args = QP_CTX(args[:QP_CTX.size])
+        cq_args = CQ_CTX(args[:CQ_CTX.size])
+        mr_args = MR_ENTRY(args[:MR_ENTRY.size])
+        new_state = Signal(3)
+        m.d.comb += new_state.eq(args[0:3])
+        cur_state = Signal(QpState)
+        m.d.comb += cur_state.eq(states[index[:self.qpn_bits]])
+
+        legal = Signal()
+        valid_state = Signal()
+        m.d.comb += valid_state.eq(Cat(*[new_state == s.value for s in QpState]).any())
+        with m.Switch(Cat(new_state, cur_state.as_value())):
+            for cur, new in sorted(LEGAL_TRANSITIONS):
+                with m.Case(QpState[new].value | (QpState[cur].value << 3)):
+                    m.d.comb += legal.eq(1)
+
+        m.d.comb += [
+            qp_wr.addr.eq(index), qp_wr.data.eq(qp_args),
+            cq_wr.addr.eq(index), cq_wr.data.eq(cq_args),
+            mr_wr.addr.eq(index), mr_wr.data.eq(mr_args),
+            bind_wr.addr.eq(index), bind_wr.data.eq(args[:DB_INDEX_BITS]),
+        ]
+
+        # One event source per cycle: a command wins, then the error requests.
+        ev = self.qp_event
+        m.d.sync += [ev.valid.eq(0), self.cq_event.valid.eq(0)]
+        cmd_event = Signal()
+
+        with m.If(cmd_go):
+            m.d.sync += status.eq(CmdStatus.OK)
+            with m.Switch(opcode):
+                with m.Case(Cmd.NOP):
+                    pass
+                with m.Case(Cmd.SET_QP):
+                    with m.If(index >= cfg.n_qps):
+                        m.d.sync += status.eq(CmdStatus.BAD_INDEX)
+                    with m.Elif(cur_state != QpState.RESET):
+                        m.d.sync += status.eq(CmdStatus.BUSY)
+                    with m.Elif((qp_args.sq_log_size > 15) | (qp_args.rq_log_size > 15) |
+                                (qp_args.send_cq >= cfg.n_cqs) | (qp_args.recv_cq >= cfg.n_cqs) |
+                                (qp_args.max_rd_atomic > 16)):
+                        m.d.sync += status.eq(CmdStatus.BAD_VALUE)
+                    with m.Else():
+                        m.d.comb += qp_wr.en.eq(1)
+                with m.Case(Cmd.MODIFY_QP):
+                    with m.If(index >= cfg.n_qps):
+                        m.d.sync += status.eq(CmdStatus.BAD_INDEX)
+                    with m.Elif(~valid_state):
+                        m.d.sync += status.eq(CmdStatus.BAD_VALUE)
+                    with m.Elif(~legal):
+                        m.d.sync += status.eq(CmdStatus.BAD_TRANSITION)
+                    with m.Else():
+                        m.d.sync += [
+                            states[index[:self.qpn_bits]].eq(new_state),
+                            ev.valid.eq(1),
+                            ev.payload.qpn.eq(index),
+                            ev.payload.state.eq(new_state),
+                            ev.payload.sq_psn.eq(args[64:88]),
+                            ev.payload.rq_psn.eq(args[88:112]),
+                        ]
+                        m.d.comb += cmd_event.eq(1)
+                with m.Case(Cmd.SET_CQ):
+                    with m.If(index >= cfg.n_cqs):
+                        m.d.sync += status.eq(CmdStatus.BAD_INDEX)
+                    with m.Elif(cq_args.log_size > 16):
+                        m.d.sync += status.eq(CmdStatus.BAD_VALUE)
+                    with m.Else():
+                        m.d.comb += cq_wr.en.eq(1)
+                        m.d.sync += [self.cq_event.valid.eq(1), self.cq_event.payload.cqn.eq(index)]
+                with m.Case(Cmd.SET_MR):
+                    with m.If(index >= cfg.n_mrs):
+                        m.d.sync += status.eq(CmdStatus.BAD_INDEX)
+                    with m.Elif(((mr_args.key >> 8) & (cfg.n_mrs - 1)) != index):
+                        m.d.sync += status.eq(CmdStatus.BAD_VALUE)
+                    with m.Else():
+                        m.d.comb += mr_wr.en.eq(1)
+                with m.Case(Cmd.BIND_DB):
+                    with m.If(index >= cfg.n_qps):
+                        m.d.sync += status.eq(CmdStatus.BAD_INDEX)
+                    with m.Elif(args[:64] >= cfg.n_doorbells):
+                        m.d.sync += status.eq(CmdStatus.BAD_VALUE)
+                    with m.Else():
+                        m.d.comb += bind_wr.en.eq(1)
+                with m.Default():
+                    m.d.sync += status.eq(CmdStatus.BAD_OPCODE)
+
+        # Error requests from the engines: QP to ERR, broadcast the event.
+        # A QP already in ERR (or RESET) takes no event: its engines have been told.
+        with m.If(~cmd_event):
+            with m.If(self.err_req.valid):
+                m.d.comb += self.err_req.ready.eq(1)
+                self._to_err(m, states, self.err_req.payload.qpn)
+            with m.Elif(self.err_resp.valid):
+                m.d.comb += self.err_resp.ready.eq(1)
+                self._to_err(m, states, self.err_resp.payload.qpn)
+        return m
+
+    def _to_err(self, m, states, qpn):
+        state = states[qpn[:self.qpn_bits]]
+        ev = self.qp_event
+        with m.If((qpn < self.cfg.n_qps) & (state != QpState.ERR) & (state != QpState.RESET)):
+            m.d.sync += [state.eq(QpState.ERR), ev.valid.eq(1), ev.payload.qpn.eq(qpn),
+                         ev.payload.state.eq(QpState.ERR)]
