@@ -1,0 +1,41 @@
+"""Performance counters readable over MMIO.
+
+Models the hardware counters of an RNIC (mlx5 exposes similar ones through
+``ethtool -S`` / ``/sys/class/infiniband/*/ports/*/hw_counters``): 64-bit registers at
+``COUNTER_BASE + 8 * i`` (names in :class:`hw.regmap.Counter`), each adding its ``inc[i]``
+input every cycle. Reading never clears.
+"""
+
+from amaranth import *
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .interfaces import MmioSignature
+from .regmap import COUNTER_BASE, Counter
+
+__all__ = ["Counters"]
+
+
+class Counters(wiring.Component):
+    """Ports: ``bus`` (MMIO reads), ``inc`` (one 16-bit increment per counter, every cycle)."""
+
+    def __init__(self, n=len(Counter)):
+        if not isinstance(n, int) or not 1 <= n <= 256:
+            raise ValueError(f"n must be an integer in [1, 256], not {n!r}")
+        self.n = n
+        super().__init__({
+            "bus": In(MmioSignature()),
+            "inc": In(16).array(n),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        counts = Array(Signal(64, name=f"count{i}") for i in range(self.n))
+        for i in range(self.n):
+            m.d.sync += counts[i].eq(counts[i] + self.inc[i])
+        addr = self.bus.addr & ~7
+        index = (addr - COUNTER_BASE) >> 3
+        m.d.sync += [self.bus.rvalid.eq(self.bus.re), self.bus.rdata.eq(0)]
+        with m.If(self.bus.re & (addr >= COUNTER_BASE) & (addr < COUNTER_BASE + 8 * self.n)):
+            m.d.sync += self.bus.rdata.eq(counts[index])
+        return m

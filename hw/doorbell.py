@@ -1,0 +1,106 @@
+"""Doorbell registers on the MMIO bus.
+
+Models the doorbell part of an RNIC's UAR pages (the "bfregs" of mlx5, see SMART,
+ASPLOS 2024, section 3.1): ``n_doorbells`` 64-bit registers at ``DOORBELL_BASE + 8 * r``.
+Writing a :data:`~hw.formats.DOORBELL` word to register *r* announces that QP ``qpn`` has
+posted send WQEs up to producer index ``pi``. The driver binds every QP to one register
+(``Cmd.BIND_DB``); a ring on a register the QP is not bound to is rejected and counted,
+as a real NIC ignores a doorbell written to another process's UAR page.
+
+Doorbell contention in the SMART sense is a property of the *host*: threads whose QPs share
+a register serialise on the driver's spinlock around the register write. The register file
+here provides what the host model needs for that: one register per binding, its last
+value readable, and the count of rings.
+
+Also decoded here: the receive-queue doorbell (``RQ_DB``) and the CQ consumer-index
+doorbell (``CQ_DB``). Each kind of ring is queued in a 16-entry FIFO so that an MMIO write
+is never stalled; a ring that finds its FIFO full is dropped and counted as rejected.
+"""
+
+from amaranth import *
+from amaranth.lib import wiring, stream, data, fifo
+from amaranth.lib.wiring import In, Out
+
+from .config import NicConfig
+from .context import DB_INDEX_BITS
+from .formats import DOORBELL
+from .interfaces import MmioSignature, Lookup, DoorbellEvent
+from .regmap import Reg, DOORBELL_BASE
+from amaranth.utils import ceil_log2
+
+__all__ = ["Doorbells", "CQ_DB_LAYOUT"]
+
+CQ_DB_LAYOUT = data.StructLayout({"cqn": 16, "ci": 16})
+FIFO_DEPTH = 16
+
+
+class Doorbells(wiring.Component):
+    """Ports: ``bus`` (MMIO), ``bind`` (lookup of a QP's register), ``sq_db``, ``rq_db``,
+    ``cq_db`` (event streams) and one-cycle pulses ``stat_ring`` / ``stat_reject``."""
+
+    def __init__(self, cfg: NicConfig):
+        self.cfg = cfg
+        self.qpn_bits = max(1, ceil_log2(cfg.n_qps))
+        super().__init__({
+            "bus": In(MmioSignature()),
+            "bind": Out(Lookup(self.qpn_bits, DB_INDEX_BITS)),
+            "sq_db": Out(DoorbellEvent()),
+            "rq_db": Out(DoorbellEvent()),
+            "cq_db": Out(stream.Signature(CQ_DB_LAYOUT)),
+            "stat_ring": Out(1),
+            "stat_reject": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        bus = self.bus
+        addr = bus.addr & ~7
+        word = DOORBELL(bus.wdata)
+
+        regs = Array(Signal(64, name=f"db{r}") for r in range(cfg.n_doorbells))
+        reg_index = Signal(range(max(2, cfg.n_doorbells)))
+        in_db_range = Signal()
+        m.d.comb += [
+            in_db_range.eq((addr >= DOORBELL_BASE) & (addr < DOORBELL_BASE + 8 * cfg.n_doorbells)),
+            reg_index.eq((addr - DOORBELL_BASE) >> 3),
+            self.bind.index.eq(word.qpn),
+        ]
+
+        fifos = {}
+        for name, layout in (("sq", self.sq_db.payload.shape()), ("rq", self.rq_db.payload.shape()),
+                             ("cq", CQ_DB_LAYOUT)):
+            f = fifos[name] = fifo.SyncFIFOBuffered(width=Shape.cast(layout).width, depth=FIFO_DEPTH)
+            m.submodules[f"{name}_fifo"] = f
+            out = getattr(self, f"{name}_db")
+            m.d.comb += [out.valid.eq(f.r_rdy), out.payload.eq(f.r_data), f.r_en.eq(out.ready)]
+
+        push_ok = Signal()
+        reject = Signal()
+        m.d.comb += [self.stat_ring.eq(push_ok), self.stat_reject.eq(reject)]
+
+        with m.If(bus.we):
+            with m.If(in_db_range):
+                m.d.sync += regs[reg_index].eq(bus.wdata)
+                good = (word.qpn < cfg.n_qps) & (self.bind.data == reg_index) & fifos["sq"].w_rdy
+                with m.If(good):
+                    m.d.comb += [fifos["sq"].w_en.eq(1),
+                                 fifos["sq"].w_data.eq(Cat(word.qpn, word.pi)),
+                                 push_ok.eq(1)]
+                with m.Else():
+                    m.d.comb += reject.eq(1)
+            with m.Elif(addr == Reg.RQ_DB):
+                with m.If((word.qpn < cfg.n_qps) & fifos["rq"].w_rdy):
+                    m.d.comb += [fifos["rq"].w_en.eq(1), fifos["rq"].w_data.eq(Cat(word.qpn, word.pi))]
+                with m.Else():
+                    m.d.comb += reject.eq(1)
+            with m.Elif(addr == Reg.CQ_DB):
+                with m.If((word.qpn < cfg.n_cqs) & fifos["cq"].w_rdy):
+                    m.d.comb += [fifos["cq"].w_en.eq(1), fifos["cq"].w_data.eq(Cat(bus.wdata[0:16], word.pi))]
+                with m.Else():
+                    m.d.comb += reject.eq(1)
+
+        m.d.sync += [bus.rvalid.eq(bus.re), bus.rdata.eq(0)]
+        with m.If(bus.re & in_db_range):
+            m.d.sync += bus.rdata.eq(regs[reg_index])
+        return m
