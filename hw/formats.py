@@ -15,6 +15,7 @@ The Python helpers at the bottom (``pack``/``unpack``) turn the same layouts int
 the host-side models, so there is a single definition of each format.
 """
 
+from amaranth.hdl import Shape
 from amaranth.lib import data, enum
 
 __all__ = [
@@ -282,7 +283,7 @@ def pack(layout, **fields):
         except KeyError:
             raise ValueError(f"{name!r} is not a field; fields are {[n for n, _ in layout]}") from None
         val = int(val.value if hasattr(val, "value") else val)
-        width = f.shape.width
+        width = Shape.cast(f.shape).width
         if not 0 <= val < (1 << width):
             raise ValueError(f"{name} must be in [0, {(1 << width) - 1}], not {val}")
         value |= val << f.offset
@@ -292,4 +293,4 @@ def pack(layout, **fields):
 def unpack(layout, raw):
     """Dict of field name to integer from the bytes of a layout."""
     value = int.from_bytes(bytes(raw), "little")
-    return {name: (value >> f.offset) & ((1 << f.shape.width) - 1) for name, f in layout}
+    return {name: (value >> f.offset) & ((1 << Shape.cast(f.shape).width) - 1) for name, f in layout}
