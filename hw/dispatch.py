@@ -69,9 +69,9 @@ class PacketDemux(wiring.Component):
             with m.State("PAYLOAD"):
                 with m.Switch(route):
                     with m.Case(0):
-                        wiring.connect(m, wiring.flipped(self.i.payload), self.resp.payload)
+                        wiring.connect(m, wiring.flipped(self.i.payload), wiring.flipped(self.resp.payload))
                     with m.Case(1):
-                        wiring.connect(m, wiring.flipped(self.i.payload), self.req.payload)
+                        wiring.connect(m, wiring.flipped(self.i.payload), wiring.flipped(self.req.payload))
                     with m.Default():
                         m.d.comb += self.i.payload.ready.eq(1)
                 with m.If(self.i.payload.valid & self.i.payload.ready):
