@@ -1,0 +1,32 @@
+"""The experiment convention (sim/experiment.py)."""
+
+import pytest
+
+from sim.experiment import Target, parse_params, format_table
+
+
+def test_target_met():
+    assert Target("rtt", 2.35, 2.4, "us", 0.1).met
+    assert not Target("rtt", 2.35, 3.0, "us", 0.1).met
+    assert Target("exactly_once", True, True).met
+    assert not Target("exactly_once", True, False).met
+    assert not Target("x", 1.0, None).met
+    d = Target("mops", 5.1, 4.0, "Mops", 0.1).as_dict()
+    assert set(d) == {"name", "paper", "model", "unit", "tolerance", "met"} and d["met"] is False
+
+
+def test_parse_params():
+    defaults = {"ops": 100, "rate": 0.5, "name": "x", "pcap": "", "quick": False}
+    p = parse_params(defaults, ["OPS=0x10", "rate=1.5", "QUICK=yes", "PCAP=a.pcap"])
+    assert p == {"ops": 16, "rate": 1.5, "name": "x", "pcap": "a.pcap", "quick": True}
+    with pytest.raises(ValueError, match="unknown parameter 'FOO'"):
+        parse_params(defaults, ["FOO=1"])
+    with pytest.raises(ValueError, match="parameters are KEY=value"):
+        parse_params(defaults, ["OPS"])
+
+
+def test_table_marks_missed_targets():
+    summary = {"targets": [Target("a", 1.0, 1.0).as_dict(), Target("b", 1.0, 2.0).as_dict()],
+               "sim": {"cycles": 10, "wall_s": 1.0, "cycles_per_s": 10.0}, "commit": "abc"}
+    text = format_table(summary)
+    assert "yes" in text and "NO" in text
