@@ -1,0 +1,124 @@
+"""Parallel CRC-32 over one beat of a byte stream.
+
+Models the CRC engine of the RoCEv2 invariant CRC (ICRC, InfiniBand Architecture
+Specification vol. 1 rel. 1.4, Annex A17.3.3 "ICRC"), which is the Ethernet CRC-32
+(polynomial 0x04C11DB7, reflected, initial value and final XOR 0xFFFFFFFF: the same
+result as ``zlib.crc32``).
+
+The CRC register update without initial value or final XOR ("raw" update) is linear over
+GF(2) in the pair (state, data), so the update over ``k`` bytes is one XOR matrix; the
+matrices are computed here in Python at elaboration by feeding unit vectors to
+``zlib.crc32``. A beat with a variable number of valid bytes ``n`` (1..W, packed from
+byte 0) is handled with log2(W)+1 networks instead of W: a full-W stage used when
+``n == W``, then stages of W/2, W/4, ..., 1 bytes, each applied when the corresponding
+bit of ``n`` is set, on the bytes that follow those of the larger stages already applied
+(offset = the higher bits of ``n``).
+"""
+
+import functools
+import zlib
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, exact_log2
+
+__all__ = ["raw_update", "update_matrix", "Crc32Update", "CRC32_RESIDUE", "solve_state",
+           "check_data_bytes"]
+
+_M32 = 0xFFFFFFFF
+
+#: Raw CRC register after a message followed by its CRC (little-endian) has been processed
+#: from the initial value 0xFFFFFFFF: the classic CRC-32 residue 0x2144DF1C, complemented.
+CRC32_RESIDUE = ~0x2144DF1C & _M32
+
+
+def check_data_bytes(data_bytes, lo=8, hi=64):
+    if (not isinstance(data_bytes, int) or isinstance(data_bytes, bool)
+            or not lo <= data_bytes <= hi or data_bytes & (data_bytes - 1)):
+        raise ValueError(f"data_bytes must be a power of two in [{lo}, {hi}], not {data_bytes!r}")
+
+
+def raw_update(state, data):
+    """CRC-32 register after ``data`` from register value ``state`` (no init, no final XOR)."""
+    return ~zlib.crc32(bytes(data), ~state & _M32) & _M32
+
+
+@functools.lru_cache(maxsize=None)
+def update_matrix(nbytes):
+    """Per output bit, the mask over ``Cat(state[32], data[8*nbytes])`` whose XOR gives it."""
+    cols = []
+    for j in range(32 + 8 * nbytes):
+        vec = 1 << j
+        cols.append(raw_update(vec & _M32, (vec >> 32).to_bytes(nbytes, "little")))
+    return tuple(sum(((col >> i) & 1) << j for j, col in enumerate(cols)) for i in range(32))
+
+
+def solve_state(data, target):
+    """The register value ``s`` with ``raw_update(s, data) == target`` (Gaussian elimination)."""
+    const = raw_update(0, data)
+    # rows: (mask over the 32 unknown bits, right-hand side bit)
+    rows = []
+    for i in range(32):
+        mask = sum(((raw_update(1 << j, bytes(len(data))) >> i) & 1) << j for j in range(32))
+        rows.append([mask, ((target ^ const) >> i) & 1])
+    sol = 0
+    pivots = []
+    for col in range(32):
+        piv = next((r for r in rows if (r[0] >> col) & 1 and r not in pivots), None)
+        if piv is None:
+            raise ValueError("singular CRC system")
+        pivots.append(piv)
+        for r in rows:
+            if r is not piv and (r[0] >> col) & 1:
+                r[0] ^= piv[0]
+                r[1] ^= piv[1]
+    for r in pivots:
+        col = (r[0] & -r[0]).bit_length() - 1
+        sol |= r[1] << col
+    assert raw_update(sol, data) == target
+    return sol
+
+
+def _apply(m, state, data, nbytes):
+    vec = Cat(state, data)
+    return Cat(*[(vec & Const(mask, 32 + 8 * nbytes)).xor() for mask in update_matrix(nbytes)])
+
+
+class Crc32Update(wiring.Component):
+    """Combinational raw CRC-32 update over the first ``nbytes`` bytes of a beat.
+
+    Ports: ``state_in: In(32)``, ``data: In(8*W)``, ``nbytes: In(bits_for(W))`` (1..W;
+    0 leaves the state unchanged), ``state_out: Out(32)``.
+    ``zlib.crc32(msg) == ~state_out`` after all beats of ``msg`` starting from 0xFFFFFFFF.
+    """
+
+    def __init__(self, data_bytes):
+        check_data_bytes(data_bytes, 1, 64)
+        self._w = data_bytes
+        super().__init__({
+            "state_in": In(32),
+            "data": In(8 * data_bytes),
+            "nbytes": In(bits_for(data_bytes)),
+            "state_out": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._w
+        lw = exact_log2(w)
+        s = Signal(32, name="s_full")
+        m.d.comb += s.eq(Mux(self.nbytes[lw], _apply(m, self.state_in, self.data, w),
+                             self.state_in))
+        k = w // 2
+        while k >= 1:
+            lk = exact_log2(k)
+            # the 2k-byte word whose low half holds this stage's bytes
+            idx = (self.nbytes[:lw] >> (lk + 1)) if lw > lk + 1 else Const(0, 1)
+            chunk = self.data.word_select(idx, 16 * k)[:8 * k]
+            nxt = Signal(32, name=f"s_{k}")
+            m.d.comb += nxt.eq(Mux(self.nbytes[lk], _apply(m, s, chunk, k), s))
+            s = nxt
+            k //= 2
+        m.d.comb += self.state_out.eq(s)
+        return m
