@@ -1,0 +1,194 @@
+"""One direction of a network link (cable plus switch) between two RNIC ports.
+
+Models the physical path that carries RoCEv2 frames (InfiniBand Architecture Specification
+vol. 1 rel. 1.4, Annex A17 "RoCEv2": RoCEv2 packets are ordinary UDP/IPv4 Ethernet frames)
+from one node's ``tx`` to the other node's ``rx``. Two effects are modelled:
+
+* **Serialisation** at ``bytes_per_cycle`` (any positive rate, also fractional or above the
+  beat width): a credit accumulator in fixed point (:data:`FRAC_BITS` fractional bits) gains
+  ``bytes_per_cycle`` every cycle; a beat of ``n`` bytes is accepted only when at least ``n``
+  bytes of credit are available and then costs ``n``. While no beat is offered the credit is
+  capped at one beat (an idle line does not save up bandwidth); while beats are offered it may
+  grow to one beat plus one cycle's worth, so that no credit is lost and the long-run rate is
+  exact.
+* **Latency**: a beat accepted at cycle ``t`` becomes visible on ``o`` at cycle
+  ``t + latency_cycles`` at the earliest (exactly then if the output is not back-pressured and
+  ``latency_cycles >= MIN_LATENCY``; smaller values give ``MIN_LATENCY``). Beats wait in a
+  FIFO (``lib.memory.Memory``) next to their due time stamp, kept in a second memory. A
+  "due pointer" walks the FIFO and checks one time stamp per cycle with a wrap-safe (modular,
+  signed) comparison; since the pending entry it looks at is never more than
+  ``latency_cycles`` in the future, a stalled output cannot make a stamp wrap.
+
+The link never drops or reorders beats; when the FIFO is full it back-pressures ``i``.
+Between the shaper and the delay line the beats pass through :meth:`Link.fault_stage`, a
+pass-through hook where a later version can insert loss or corruption.
+
+Ports: ``i: In(BeatStream(W))``, ``o: Out(BeatStream(W))``, ``frames: Out(32)`` (frames
+delivered on ``o``, counting beats with ``last``).
+"""
+
+import math
+
+from amaranth.hdl import Module, Mux, Signal, unsigned
+from amaranth.lib import stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from .interfaces import BeatStream, beat_layout
+
+__all__ = ["Link", "link_params", "FRAC_BITS"]
+
+#: Fractional bits of the credit accumulator (rate resolution 2**-16 bytes per cycle).
+FRAC_BITS = 16
+
+_MAX_LATENCY = 1 << 24
+_MIN_RATE, _MAX_RATE = 1.0 / 1024, 4096.0
+
+
+def _check_int(name, value, lo, hi):
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {value!r}")
+
+
+def link_params(cfg):
+    """Constructor arguments of :class:`Link` for a :class:`hw.config.SystemConfig`."""
+    nic = cfg.nic
+    bytes_per_cycle = cfg.link.gbps * 1e9 / 8 / (nic.clock_mhz * 1e6)
+    return dict(data_bytes=nic.data_bytes,
+                latency_cycles=min(nic.cycles(cfg.link.latency_ns), _MAX_LATENCY),
+                bytes_per_cycle=min(max(bytes_per_cycle, _MIN_RATE), _MAX_RATE))
+
+
+class Link(wiring.Component):
+    """One link direction: serialisation at ``bytes_per_cycle`` plus ``latency_cycles`` delay.
+
+    Parameters
+    ----------
+    data_bytes : power of two in [8, 64], bytes per beat.
+    latency_cycles : integer in [0, 2**24].
+    bytes_per_cycle : number in [1/1024, 4096]; rounded to a multiple of 2**-16.
+    fifo_beats : power of two in [4, 65536]; default holds one bandwidth-delay product.
+    """
+
+    #: Smallest delay from input transfer to output valid (the pipeline of the delay line).
+    MIN_LATENCY = 3
+
+    def __init__(self, data_bytes, latency_cycles, bytes_per_cycle, fifo_beats=None):
+        if (not isinstance(data_bytes, int) or isinstance(data_bytes, bool)
+                or not 8 <= data_bytes <= 64 or data_bytes & (data_bytes - 1)):
+            raise ValueError(f"data_bytes must be a power of two in [8, 64], not {data_bytes!r}")
+        _check_int("latency_cycles", latency_cycles, 0, _MAX_LATENCY)
+        if (not isinstance(bytes_per_cycle, (int, float)) or isinstance(bytes_per_cycle, bool)
+                or not _MIN_RATE <= bytes_per_cycle <= _MAX_RATE):
+            raise ValueError(f"bytes_per_cycle must be a number in [{_MIN_RATE}, {_MAX_RATE}], "
+                             f"not {bytes_per_cycle!r}")
+        if fifo_beats is None:
+            in_flight = math.ceil(latency_cycles * min(bytes_per_cycle, data_bytes) / data_bytes)
+            fifo_beats = 1 << ceil_log2(max(4, in_flight + 4))
+            fifo_beats = min(fifo_beats, 1 << 16)
+        if (not isinstance(fifo_beats, int) or isinstance(fifo_beats, bool)
+                or not 4 <= fifo_beats <= 1 << 16 or fifo_beats & (fifo_beats - 1)):
+            raise ValueError(f"fifo_beats must be a power of two in [4, 65536], not {fifo_beats!r}")
+
+        self.data_bytes = data_bytes
+        self.latency_cycles = latency_cycles
+        self.effective_latency = max(latency_cycles, self.MIN_LATENCY)
+        self.rate_fixed = max(1, round(bytes_per_cycle * (1 << FRAC_BITS)))
+        #: The rate the hardware really uses (after rounding to the fixed-point grid).
+        self.bytes_per_cycle = self.rate_fixed / (1 << FRAC_BITS)
+        self.fifo_beats = fifo_beats
+
+        super().__init__({
+            "i": In(BeatStream(data_bytes)),
+            "o": Out(BeatStream(data_bytes)),
+            "frames": Out(32),
+        })
+
+    def fault_stage(self, m, beats):
+        """Hook between the shaper and the delay line: returns the stream to delay.
+
+        This version passes ``beats`` through unchanged. A subclass may build a block in
+        ``m`` (dropping or corrupting frames) and return its output stream instead.
+        """
+        return beats
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.data_bytes
+        F = FRAC_BITS
+
+        # ---- serialisation: credit shaper --------------------------------------------------
+        one_beat = W << F
+        cap_busy = one_beat + self.rate_fixed        # while a beat waits for credit
+        credit = Signal(range(cap_busy + 1), init=one_beat)
+        cost = Signal(range(one_beat + 1))
+        shaped = stream.Signature(beat_layout(W)).create()
+
+        m.d.comb += [
+            cost.eq(self.i.payload.nbytes << F),
+            shaped.payload.eq(self.i.payload),
+            shaped.valid.eq(self.i.valid & (credit >= cost)),
+            self.i.ready.eq(shaped.ready & (credit >= cost)),
+        ]
+        spent = Mux(self.i.valid & self.i.ready, cost, 0)
+        after = Signal(range(cap_busy + self.rate_fixed + 1))
+        m.d.comb += after.eq(credit - spent + self.rate_fixed)
+        cap = Mux(self.i.valid, cap_busy, one_beat)
+        m.d.sync += credit.eq(Mux(after > cap, cap, after))
+
+        beats = self.fault_stage(m, shaped)
+
+        # ---- latency: time-stamped FIFO ----------------------------------------------------
+        depth = self.fifo_beats
+        abits = ceil_log2(depth)
+        delay = max(self.effective_latency - 2, 1)    # due-time offset; +2 for the pipeline
+        tbits = bits_for(delay) + 1
+        now = Signal(tbits)
+        m.d.sync += now.eq(now + 1)
+
+        m.submodules.data_mem = data_mem = Memory(shape=beat_layout(W), depth=depth, init=[])
+        m.submodules.ts_mem = ts_mem = Memory(shape=unsigned(tbits), depth=depth, init=[])
+        d_wr = data_mem.write_port()
+        d_rd = data_mem.read_port(domain="sync", transparent_for=())
+        t_wr = ts_mem.write_port()
+        t_rd = ts_mem.read_port(domain="comb")
+
+        wr_ptr = Signal(abits + 1)
+        due_ptr = Signal(abits + 1)
+        rd_ptr = Signal(abits + 1)
+        used = Signal(abits + 1)
+        m.d.comb += used.eq(wr_ptr - rd_ptr)
+
+        push = Signal()
+        m.d.comb += [
+            beats.ready.eq(used != depth),
+            push.eq(beats.valid & beats.ready),
+            d_wr.addr.eq(wr_ptr[:abits]), d_wr.data.eq(beats.payload), d_wr.en.eq(push),
+            t_wr.addr.eq(wr_ptr[:abits]), t_wr.data.eq(now + delay), t_wr.en.eq(push),
+        ]
+        with m.If(push):
+            m.d.sync += wr_ptr.eq(wr_ptr + 1)
+
+        # Due pointer: the oldest entry not yet due; its stamp is at most `delay` ahead of now.
+        wait = Signal(tbits)
+        m.d.comb += [t_rd.addr.eq(due_ptr[:abits]), wait.eq(now - t_rd.data)]
+        with m.If((due_ptr != wr_ptr) & ~wait[-1]):
+            m.d.sync += due_ptr.eq(due_ptr + 1)
+
+        # Output register: the read port's data register is the payload of `o`.
+        fetch = Signal()
+        m.d.comb += [
+            fetch.eq((rd_ptr != due_ptr) & (~self.o.valid | self.o.ready)),
+            d_rd.addr.eq(rd_ptr[:abits]),
+            d_rd.en.eq(fetch),
+            self.o.payload.eq(d_rd.data),
+        ]
+        with m.If(fetch):
+            m.d.sync += [rd_ptr.eq(rd_ptr + 1), self.o.valid.eq(1)]
+        with m.Elif(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+
+        with m.If(self.o.valid & self.o.ready & self.o.payload.last):
+            m.d.sync += self.frames.eq(self.frames + 1)
+        return m

@@ -1,0 +1,38 @@
+"""fpga.synth: a small block goes through Yosys synth_ecp5 and its cells are counted."""
+
+import json
+
+import pytest
+
+from fpga import synth
+from hw.config import preset
+from hw.link import Link
+
+
+def test_synthesize_small_link(tmp_path):
+    res = synth.synthesize(Link(8, 4, 2.0, fifo_beats=4), "link_small", tmp_path)
+    assert set(res) == {"luts", "ffs", "brams"}
+    assert res["luts"] > 0 and res["ffs"] > 0
+    assert res["brams"] == 0          # a 4-deep FIFO is distributed RAM, not DP16KD
+    cells = json.loads((tmp_path / "link_small_cells.json").read_text())
+    assert cells["LUT4"] == res["luts"] and cells["TRELLIS_FF"] == res["ffs"]
+
+
+def test_cli_writes_resources_json(tmp_path, capsys):
+    assert synth.main(["--top", "dma_arbiter", "--preset", "small", "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "resources.json").read_text())
+    assert rec["top"] == "dma_arbiter" and rec["preset"] == "small"
+    assert rec["luts"] > 0 and rec["ffs"] > 0 and rec["brams"] >= 0
+    assert "LUT4" in capsys.readouterr().out
+
+
+def test_registry_factories_build():
+    cfg = preset("small")
+    assert {"link", "dma_arbiter"} <= set(synth.TOPS)
+    for name in ("link", "dma_arbiter"):
+        synth.TOPS[name](cfg)
+
+
+def test_bad_name(tmp_path):
+    with pytest.raises(ValueError, match="name must be a Verilog identifier"):
+        synth.synthesize(Link(8, 4, 2.0), "not a name", tmp_path)
