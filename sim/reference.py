@@ -30,10 +30,12 @@ Semantics modelled
   responder skip R_Key validation when the DMA length is zero); an atomic ``va`` not 8-byte aligned
   -> ``REM_INV_REQ_ERR``; a SEND (or WRITE with immediate, after the rkey check) with no
   receive WQE posted -> RNR NAK, and with ``rnr_retry = 0`` the requester ends with
-  ``RNR_RETRY_EXC_ERR``; a SEND longer than the receive buffer -> requester
-  ``REM_INV_REQ_ERR``, responder CQE ``LOC_LEN_ERR``; a receive buffer whose lkey fails the
-  local checks (over the bytes actually written) -> requester ``REM_OP_ERR``, responder CQE
-  ``LOC_PROT_ERR``.
+  ``RNR_RETRY_EXC_ERR``; then a receive WQE whose buffer ``[addr, addr + length)`` fails
+  the local checks (lkey, PD, bounds, ``LOCAL_WRITE``; not checked when the WQE's length is
+  0) -> requester ``REM_OP_ERR``, responder CQE ``LOC_PROT_ERR``, nothing written; then a
+  SEND longer than the receive buffer -> requester ``REM_INV_REQ_ERR``, responder CQE
+  ``LOC_LEN_ERR``. (This order and the whole-buffer check are those of ``hw/responder.py``;
+  the specification does not fix them.)
 * Errors (IBA 10.3.1 "Error" state, 11.6.2): the QP that reports an error moves to ERR; a
   responder that NAKs an access / invalid-request / operational error moves to ERR too (an
   RNR NAK does not). When a QP enters ERR every WR still on either of its queues completes
@@ -394,6 +396,43 @@ class ReferenceModel:
     def node(self, node_id):
         return self.nodes[node_id]
 
+    def mirror(self, ctx, copy_memory=True):
+        """Create or refresh the node of a :class:`sim.verbs.Context` (for scoreboards).
+
+        The node gets the context's valid memory regions (same keys; regions no longer
+        valid there are invalidated here), its QPs (same numbers, PD, access, CQs, remote
+        QP and state, with empty queues) and, with ``copy_memory``, the current contents
+        of every region read from ``ctx.mem`` (which must read synchronously). Work
+        requests are then mirrored by posting the same :class:`SendWR` / :class:`RecvWR`.
+        """
+        node = self.nodes.get(ctx.node_id) or self.add_node(ctx.node_id)
+        live = {mr.key: mr for mr in ctx._mr_slots if mr is not None and mr.valid}
+        for key, mr in node.mrs.items():
+            if key not in live:
+                mr.valid = False
+        for key, vmr in live.items():
+            mine = node.mrs.get(key)
+            if mine is None or not mine.valid or (mine.base, mine.length) != (vmr.addr, vmr.length):
+                if mine is not None:
+                    mine.valid = False
+                node.reg_mr(vmr.pd.pdn, vmr.addr, vmr.length, vmr.access, key=key)
+            if copy_memory and vmr.length:
+                data = ctx.mem.read(vmr.addr, vmr.length)
+                if not isinstance(data, (bytes, bytearray, memoryview)):
+                    raise TypeError("mirror(copy_memory=True) needs a memory that reads "
+                                    "synchronously")
+                node.write(vmr.addr, data)
+        for qpn, vqp in ctx.qps.items():
+            qp = node.qps.get(qpn) or node.create_qp(vqp.pd.pdn, vqp.send_cq.cqn,
+                                                     vqp.recv_cq.cqn, vqp.access, qpn=qpn)
+            qp.pd, qp.access = vqp.pd.pdn, _flag(vqp.access)
+            qp.send_cq, qp.recv_cq = vqp.send_cq.cqn, vqp.recv_cq.cqn
+            node.create_cq(qp.send_cq)
+            node.create_cq(qp.recv_cq)
+            qp.remote = (vqp.dest_node, vqp.dest_qpn)
+            qp.state = vqp.state
+        return node
+
     def qp(self, node_id, qpn):
         return self.nodes[node_id].qps[qpn]
 
@@ -540,12 +579,14 @@ class ReferenceModel:
             if not rqp.rq:
                 return self._fail(qp, wr, _S.RNR_RETRY_EXC_ERR)
             recv = rqp.rq.popleft()
+            # the receive WQE's whole data segment is validated before any byte is placed
+            if recv.length > 0 and not rnode.check_local(recv.lkey, rqp.pd, recv.addr,
+                                                         recv.length, True):
+                return remote_error(_S.REM_OP_ERR, recv, _S.LOC_PROT_ERR)
             if length > recv.length:
+                # packets that fitted may already have been placed
                 rnode._mark_undefined(recv.lkey, rqp.pd, recv.addr, recv.length)
                 return remote_error(_S.REM_INV_REQ_ERR, recv, _S.LOC_LEN_ERR)
-            if length > 0 and not rnode.check_local(recv.lkey, rqp.pd, recv.addr, length, True):
-                rnode._mark_undefined(recv.lkey, rqp.pd, recv.addr, length)
-                return remote_error(_S.REM_OP_ERR, recv, _S.LOC_PROT_ERR)
             rnode.write(recv.addr, node.read(laddr, length))
             self._recv_cqe(rqp, recv, _S.SUCCESS, WcOpcode.RECV, length,
                            wr.imm if op == WrOpcode.SEND_WITH_IMM else None)

@@ -143,7 +143,7 @@ def test_unsignaled_and_fence():
 
 def test_zero_length_operations_check_no_key():
     p = Pair()
-    p.recv(wr_id=50, lkey=0xBAD)
+    p.recv(wr_id=50, length=0, lkey=0xBAD)
     p.send(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg=(0, 0, 0xBAD), remote_addr=0xFFFF0, rkey=0xBAD)
     p.send(wr_id=2, opcode=WrOpcode.RDMA_READ, sg=(0, 0, 0xBAD), remote_addr=0, rkey=0xBAD)
     p.send(wr_id=3, opcode=WrOpcode.SEND, sg=(0, 0, 0xBAD))
@@ -317,21 +317,25 @@ def test_receive_buffer_too_small():
     assert p.b.undefined == [(B_BUF + 0x100, 16)]
 
 
-@pytest.mark.parametrize("case", ["bad_key", "bounds", "no_local_write", "pd"])
-def test_receive_buffer_bad_lkey(case):
+@pytest.mark.parametrize("case, msg_len", [
+    ("bad_key", 32), ("bounds", 32), ("no_local_write", 32), ("pd", 32),
+    ("bounds", 8),        # the message fits in the region, the posted buffer does not
+    ("bad_key", 0),       # a zero-length SEND still validates a non-empty receive WQE
+    ("bad_key", 100),     # also too long: the protection check comes first
+])
+def test_receive_buffer_bad_lkey(case, msg_len):
     p = Pair()
     ro = p.b.reg_mr(p.pb, B_BUF, 0x1000, RW)
     other = p.b.reg_mr(p.b.alloc_pd(), B_BUF, 0x1000, LW)
     addr, lkey = {"bad_key": (B_BUF, 0x7777), "bounds": (B_BUF + 0xFF0, p.rb.key),
                   "no_local_write": (B_BUF, ro.key), "pd": (B_BUF, other.key)}[case]
     p.recv(wr_id=90, addr=addr, length=64, lkey=lkey)
-    p.send(wr_id=1, opcode=WrOpcode.SEND_WITH_IMM, sg=(A_BUF, 32, p.la.key), imm=5)
+    p.send(wr_id=1, opcode=WrOpcode.SEND_WITH_IMM, sg=(A_BUF, msg_len, p.la.key), imm=5)
     ca, cb = p.run()
     assert ca == [C(1, S.REM_OP_ERR, WcOpcode.SEND)]
     assert cb == [C(90, S.LOC_PROT_ERR, WcOpcode.RECV)]
     assert p.qa.state == p.qb.state == QpState.ERR
-    # only the in-bounds part of a valid, writable region may have been written
-    assert p.b.undefined == ([(B_BUF + 0xFF0, 16)] if case == "bounds" else [])
+    assert p.b.undefined == [] and p.b.read(B_BUF, 0x1000) == p.b0    # nothing placed
 
 
 def test_responder_not_ready_gives_retry_exceeded():

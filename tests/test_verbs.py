@@ -674,3 +674,34 @@ def test_end_to_end_against_reference_nic():
         await qa.modify_qp(QpState.RESET)
         assert (qa.sq_pi, qa.sq_ci) == (0, 0)
     run(go())
+
+
+def test_mirror_into_reference_model():
+    from sim.reference import Completion, ReferenceModel
+    ctxs = [make(node_id=i)[0] for i in range(2)]
+
+    async def go():
+        pds = [c.alloc_pd() for c in ctxs]
+        gone = await ctxs[1].reg_mr(pds[1], 0x50000, 64, Access.LOCAL_WRITE)
+        mrs = [await c.reg_mr(pd, 0x40000, 256, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+               for c, pd in zip(ctxs, pds)]
+        cqs = [await c.create_cq(4) for c in ctxs]
+        qps = [await c.create_qp(pd, cq, access=Access.REMOTE_WRITE)
+               for c, pd, cq in zip(ctxs, pds, cqs)]
+        await connect(qps[0], qps[1])
+        return gone, mrs, qps
+    gone, mrs, qps = run(go())
+    ctxs[0].mem.write(0x40000, b"mirror me")
+    ref = ReferenceModel()
+    n0, n1 = ref.mirror(ctxs[0]), ref.mirror(ctxs[1])
+    assert n1.mrs[gone.key].valid
+    run(ctxs[1].dereg_mr(gone))
+    ref.mirror(ctxs[1])
+    assert not n1.mrs[gone.key].valid and n1.mrs[mrs[1].key].valid
+    q0 = ref.qp(0, qps[0].qpn)
+    assert (q0.state, q0.remote, q0.access, q0.pd) == (QpState.RTS, (1, 0), 2, 1)
+    wr = SendWR(7, WrOpcode.RDMA_WRITE, (0x40000, 9, mrs[0].lkey), 0x40010, mrs[1].rkey)
+    ref.post_send(q0, wr)
+    assert ref.run().completions == {(0, 0): [Completion(7, WcStatus.SUCCESS,
+                                                         WcOpcode.RDMA_WRITE, 9, None, 0)]}
+    assert n1.read(0x40010, 9) == b"mirror me"
