@@ -1,0 +1,144 @@
+"""Completion engine: writes completion-queue entries to host CQ rings.
+
+Models the completion-queue part of the verbs interface (InfiniBand Architecture
+Specification vol. 1 rel. 1.4, 11.4.2 "Completion queue operations" and 10.8 "Completion
+queues"): each work completion becomes a 32-byte :data:`hw.formats.CQE` written by DMA at
+``base + (pi mod 2**log_size) * 32``. The owner bit (flags bit 7) is 1 on the first pass
+through the ring, 0 on the second, and so on, so that the consumer polls for new entries
+without reading a NIC register. The driver returns entries through the CQ doorbell (its
+consumer index); when the ring is full (``pi - ci == 2**log_size``) the completion is
+dropped and the CQ's sticky overflow flag is set (a CQ overrun, IBA 11.6.2 "CQ error").
+
+Producer and consumer indices are 16 bits, free running, so rings of up to 2**15 entries
+are supported.
+
+Ports
+    i0, i1     In(CqeRequest())            completion requests, served round-robin
+    cq         Out(Lookup(cqn_bits, CQ_CTX)) combinational CQ context read
+    cq_event   In(CqEvent())               always ready: the CQ restarts (pi = ci = 0,
+                                           overflow flag cleared)
+    cq_db      In(stream {cqn: 16, ci: 16}) always ready: new consumer index
+    dma_wr     Out(DmaWrite(W))            the CQE, 32 bytes in 32/W beats
+    overflow   Out(n_cqs)                  sticky overflow flag of each CQ
+    stat_cqe, stat_overflow  Out(1)        one-cycle pulses per written / dropped CQE
+"""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from . import formats, regmap
+from .config import NicConfig
+from .interfaces import CqeRequest, CqEvent, DmaWrite, Lookup
+
+__all__ = ["Completion", "CQ_DB"]
+
+CQ_DB = data.StructLayout({"cqn": 16, "ci": 16})
+
+
+class Completion(wiring.Component):
+    def __init__(self, cfg):
+        if not isinstance(cfg, NicConfig):
+            raise ValueError(f"cfg must be a NicConfig, not {type(cfg).__name__}")
+        self.cfg = cfg
+        self.cqn_bits = ceil_log2(cfg.n_cqs)
+        W = cfg.data_bytes
+        super().__init__({
+            "i0": In(CqeRequest()),
+            "i1": In(CqeRequest()),
+            "cq": Out(Lookup(self.cqn_bits, regmap.CQ_CTX)),
+            "cq_event": In(CqEvent()),
+            "cq_db": In(stream.Signature(CQ_DB)),
+            "dma_wr": Out(DmaWrite(W)),
+            "overflow": Out(cfg.n_cqs),
+            "stat_cqe": Out(1),
+            "stat_overflow": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        W = cfg.data_bytes
+        n = cfg.n_cqs
+        nbeats = max(1, formats.CQE_BYTES // W)
+        beat_bytes = min(W, formats.CQE_BYTES)
+
+        pi = Array(Signal(16, name=f"pi{i}") for i in range(n))
+        ci = Array(Signal(16, name=f"ci{i}") for i in range(n))
+        ovf = Array(Signal(name=f"ovf{i}") for i in range(n))
+        m.d.comb += self.overflow.eq(Cat(*ovf))
+
+        cur = Signal(self.cqn_bits)
+        cqe = Signal(formats.CQE)
+        prio = Signal()          # 0: i0 first, 1: i1 first
+        addr = Signal(64)
+        wdata = Signal(8 * formats.CQE_BYTES)
+        beat = Signal(range(nbeats + 1))
+
+        m.d.comb += self.cq.index.eq(cur)
+        ctx = self.cq.data
+        size = Signal(33)
+        mask = Signal(32)
+        m.d.comb += [size.eq(Const(1, 33) << ctx.log_size), mask.eq(size - 1)]
+        used = Signal(16)
+        m.d.comb += used.eq(pi[cur] - ci[cur])
+        full = Signal()
+        m.d.comb += full.eq(used == size)
+        owner = Signal()
+        m.d.comb += owner.eq(~(pi[cur] >> ctx.log_size)[0])
+
+        with m.FSM():
+            with m.State("IDLE"):
+                take1 = Signal()
+                m.d.comb += take1.eq(self.i1.valid & (prio | ~self.i0.valid))
+                with m.If(take1):
+                    m.d.comb += self.i1.ready.eq(1)
+                    m.d.sync += [cur.eq(self.i1.payload.cqn), cqe.eq(self.i1.payload.cqe),
+                                 prio.eq(0)]
+                    m.next = "LOOK"
+                with m.Elif(self.i0.valid):
+                    m.d.comb += self.i0.ready.eq(1)
+                    m.d.sync += [cur.eq(self.i0.payload.cqn), cqe.eq(self.i0.payload.cqe),
+                                 prio.eq(1)]
+                    m.next = "LOOK"
+            with m.State("LOOK"):
+                with m.If(full):
+                    m.d.sync += ovf[cur].eq(1)
+                    m.d.comb += self.stat_overflow.eq(1)
+                    m.next = "IDLE"
+                with m.Else():
+                    flags = Signal(8)
+                    m.d.comb += flags.eq((cqe.flags & 0x7F) | (owner << 7))
+                    entry = Signal(formats.CQE)
+                    m.d.comb += [entry.eq(cqe), entry.flags.eq(flags)]
+                    m.d.sync += [
+                        addr.eq(ctx.base + ((pi[cur] & mask) * formats.CQE_BYTES)),
+                        wdata.eq(entry.as_value()),
+                        pi[cur].eq(pi[cur] + 1),
+                        beat.eq(0),
+                    ]
+                    m.d.comb += self.stat_cqe.eq(1)
+                    m.next = "WRITE"
+            with m.State("WRITE"):
+                m.d.comb += [
+                    self.dma_wr.valid.eq(1),
+                    self.dma_wr.payload.addr.eq(addr),
+                    self.dma_wr.payload.len.eq(formats.CQE_BYTES),
+                    self.dma_wr.payload.data.eq(wdata[:8 * beat_bytes]),
+                    self.dma_wr.payload.nbytes.eq(beat_bytes),
+                    self.dma_wr.payload.last.eq(beat == nbeats - 1),
+                ]
+                with m.If(self.dma_wr.ready):
+                    m.d.sync += [wdata.eq(wdata >> (8 * beat_bytes)), beat.eq(beat + 1)]
+                    with m.If(beat == nbeats - 1):
+                        m.next = "IDLE"
+
+        # Host-side updates win over the engine's own pi increment in the same cycle.
+        m.d.comb += [self.cq_db.ready.eq(1), self.cq_event.ready.eq(1)]
+        with m.If(self.cq_db.valid):
+            m.d.sync += ci[self.cq_db.payload.cqn[:self.cqn_bits]].eq(self.cq_db.payload.ci)
+        with m.If(self.cq_event.valid):
+            q = self.cq_event.payload.cqn[:self.cqn_bits]
+            m.d.sync += [pi[q].eq(0), ci[q].eq(0), ovf[q].eq(0)]
+        return m

@@ -1,0 +1,664 @@
+"""Requester side of the RNIC's reliable-connection transport.
+
+Models the send half of an RC queue pair (InfiniBand Architecture Specification vol. 1
+rel. 1.4): work-request processing (11.4), request packet generation with segmentation by
+the path MTU (9.7.1, 9.7.2), the requester's ACK/NAK and response handling (9.7.5.1), and
+the send-queue completions (10.8, 11.4.2), including the flush of outstanding and posted
+work requests when the QP enters the Error state (10.3.1, 11.6.3).
+
+Structure: one control FSM serialises every action (apply QP event, doorbell, receive
+response, flush one work request, send one message), a :class:`~hw.scheduler.Scheduler`
+picks the next QP to send from, a :class:`~hw.wqe_fetch.WqeFetch` reads WQEs, and a memory
+of ``n_qps * max_outstanding`` entries holds each QP's in-order list of sent messages.
+
+Per-QP indices: ``pi`` (posted, from the doorbell), ``fi`` (next WQE to fetch / send) and
+``ci`` (oldest not yet completed); the tracker holds the messages ``ci .. fi-1``.
+
+Simplifications (documented, see the tests): no retransmission (a PSN sequence error or RNR
+NAK completes with RETRY_EXC_ERR / RNR_RETRY_EXC_ERR and moves the QP to ERR), no
+timeout; QP events are applied when the control FSM is idle (a message already being sent
+is finished first); an ERR event keeps the queues so that they can be flushed, every other
+event resets them; a fenced WQE that may not start yet is dropped and fetched again when
+the QP's READ/atomic requests have completed.
+"""
+
+from amaranth import *
+from amaranth.lib import data, memory, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2, exact_log2
+
+from . import formats, regmap
+from .config import NicConfig
+from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
+from .interfaces import (QP_LOOKUP, CqeRequest, DmaReadClient, DmaWrite, DoorbellEvent,
+                         Lookup, PacketOut, QpErrRequest, QpEvent)
+from .scheduler import Scheduler
+from .wqe_fetch import WqeFetch
+
+__all__ = ["Requester", "TRACKER_ENTRY"]
+
+#: One outstanding message of a QP (``status`` non-zero: failed locally or NAKed).
+TRACKER_ENTRY = data.StructLayout({
+    "wr_id": 64,
+    "local_addr": 64,
+    "length": 32,
+    "first_psn": 24,
+    "last_psn": 24,
+    "opcode": 3,          # WrOpcode, 7 = unknown
+    "signaled": 1,
+    "status": 5,          # WcStatus
+})
+
+STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
+         "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject"]
+
+
+def psn_le(a, b):
+    """a <= b in 24-bit serial arithmetic."""
+    return ((b - a) & 0xFFFFFF) < (1 << 23)
+
+
+class Requester(wiring.Component):
+    def __init__(self, cfg):
+        if not isinstance(cfg, NicConfig):
+            raise ValueError(f"cfg must be a NicConfig, not {type(cfg).__name__}")
+        self.cfg = cfg
+        W = cfg.data_bytes
+        self.qpn_bits = ceil_log2(cfg.n_qps)
+        self.mr_bits = ceil_log2(cfg.n_mrs)
+        ports = {
+            "db": In(DoorbellEvent()),
+            "qp_event": In(QpEvent()),
+            "qp": Out(Lookup(self.qpn_bits, QP_LOOKUP)),
+            "mr": Out(Lookup(self.mr_bits, formats.MR_ENTRY)),
+            "node_id": In(8),
+            "wqe_rd": Out(DmaReadClient(W)),
+            "pay_rd": Out(DmaReadClient(W)),
+            "dma_wr": Out(DmaWrite(W)),
+            "tx": Out(PacketOut(W)),
+            "rx": In(PacketOut(W)),
+            "set_err": Out(QpErrRequest()),
+            "cqe": Out(CqeRequest()),
+        }
+        for s in STATS:
+            ports[s] = Out(1)
+        super().__init__(ports)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        W = cfg.data_bytes
+        nq = cfg.n_qps
+        MO = cfg.max_outstanding
+        mo_bits = exact_log2(MO)
+        mtu_bits = exact_log2(cfg.mtu)
+
+        m.submodules.sched = sched = Scheduler(nq)
+        m.submodules.fetch = fetch = WqeFetch(W)
+        wiring.connect(m, fetch.dma, wiring.flipped(self.wqe_rd))
+
+        m.submodules.trk = trk = memory.Memory(shape=TRACKER_ENTRY, depth=nq * MO, init=[])
+        trk_rd = trk.read_port(domain="comb")
+        trk_wr = trk.write_port()
+
+        # ---------------- per-QP registers
+        def arr(width, name, init=0):
+            return Array(Signal(width, name=f"{name}{i}", init=init) for i in range(nq))
+
+        pi = arr(16, "pi")
+        fi = arr(16, "fi")
+        ci = arr(16, "ci")
+        npsn = arr(24, "npsn")
+        head = arr(mo_bits + 1, "head")
+        tail = arr(mo_bits + 1, "tail")
+        rd_out = arr(5, "rd_out")
+        rd_ok = arr(1, "rd_ok", init=1)
+        fence_wait = arr(1, "fence_wait")
+        rts = arr(1, "rts")
+        err = arr(1, "err")
+        # QP events waiting to be applied while the FSM is idle
+        ev_pend = arr(1, "ev_pend")
+        ev_reset = arr(1, "ev_reset")
+        ev_state = arr(3, "ev_state")
+        ev_psn = arr(24, "ev_psn")
+
+        def count(q):
+            return (tail[q] - head[q])[:mo_bits + 1]
+
+        eligible = Signal(nq)
+        flushable = Signal(nq)
+        for i in range(nq):
+            m.d.comb += [
+                eligible[i].eq(rts[i] & ~err[i] & ~ev_pend[i] & (fi[i] != pi[i])
+                               & (count(i) != MO) & rd_ok[i] & ~fence_wait[i]),
+                flushable[i].eq(err[i] & ~ev_pend[i] & (ci[i] != pi[i])),
+            ]
+        m.d.comb += sched.req.eq(eligible)
+
+        # ---------------- FSM registers
+        cur = Signal(self.qpn_bits)
+        flushing = Signal()
+        wqe = Signal(formats.WQE)
+        rxm = Signal(formats.PKT_META)
+        cqe_reg = Signal(formats.CQE)
+        cqe_ret_ack = Signal()       # after the CQE go back to RX_ACK (else IDLE)
+        seg_left = Signal(32)        # bytes still to send
+        seg_addr = Signal(64)        # local address of the segment
+        seg_psn = Signal(24)
+        seg_first = Signal()
+        meta_done = Signal()
+        req_done = Signal()
+        rx_addr = Signal(64)
+        rx_complete = Signal()       # this response completes the head message
+
+        # ---------------- lookups
+        m.d.comb += self.qp.index.eq(cur)
+        ctx = self.qp.data.ctx
+        m.d.comb += self.mr.index.eq(wqe.lkey[8:8 + self.mr_bits])
+        mr = self.mr.data
+
+        m.d.comb += trk_rd.addr.eq(Cat(head[cur][:mo_bits], cur))
+        ent = trk_rd.data
+        nonempty = Signal()
+        m.d.comb += nonempty.eq(count(cur) != 0)
+
+        rd_lim = Signal(5)
+        m.d.comb += rd_lim.eq(Mux(ctx.max_rd_atomic == 0, 16, ctx.max_rd_atomic))
+
+        def wc_opcode(op):
+            return Mux(op <= WrOpcode.RDMA_WRITE_WITH_IMM.value, WcOpcode.RDMA_WRITE.value,
+                   Mux(op == WrOpcode.RDMA_READ.value, WcOpcode.RDMA_READ.value,
+                   Mux(op == WrOpcode.ATOMIC_CMP_AND_SWP.value, WcOpcode.COMP_SWAP.value,
+                   Mux(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value, WcOpcode.FETCH_ADD.value,
+                       WcOpcode.SEND.value))))
+
+        def is_rd_atomic(op):
+            return (op >= WrOpcode.RDMA_READ.value) & (op <= WrOpcode.ATOMIC_FETCH_AND_ADD.value)
+
+        def set_cqe(wr_id, status, opcode, byte_len):
+            return [
+                cqe_reg.eq(0),
+                cqe_reg.wr_id.eq(wr_id),
+                cqe_reg.status.eq(status),
+                cqe_reg.opcode.eq(wc_opcode(opcode)),
+                cqe_reg.byte_len.eq(Mux(status == 0, byte_len, 0)),
+                cqe_reg.qpn.eq(cur),
+            ]
+
+        def pop_head():
+            """Remove the head message of QP cur (READ/atomic: also release its credit)."""
+            stmts = [head[cur].eq(head[cur] + 1), ci[cur].eq(ci[cur] + 1)]
+            return stmts
+
+        def release_rd():
+            new = Signal(5)
+            m.d.comb += new.eq(rd_out[cur] - 1)
+            return [rd_out[cur].eq(new), rd_ok[cur].eq(new < rd_lim),
+                    fence_wait[cur].eq(fence_wait[cur] & (new != 0))]
+
+        m.d.comb += [
+            self.cqe.payload.cqn.eq(ctx.send_cq),
+            self.cqe.payload.cqe.eq(cqe_reg),
+            self.set_err.payload.qpn.eq(cur),
+        ]
+
+        # ---------------- local checks on the fetched WQE
+        op = wqe.opcode
+        known = Signal()
+        m.d.comb += known.eq(op <= WrOpcode.ATOMIC_FETCH_AND_ADD.value)
+        is_atomic = Signal()
+        m.d.comb += is_atomic.eq((op == WrOpcode.ATOMIC_CMP_AND_SWP.value)
+                                 | (op == WrOpcode.ATOMIC_FETCH_AND_ADD.value))
+        is_read = Signal()
+        m.d.comb += is_read.eq(op == WrOpcode.RDMA_READ.value)
+        is_write = Signal()
+        m.d.comb += is_write.eq(op <= WrOpcode.RDMA_WRITE_WITH_IMM.value)
+        with_imm = Signal()
+        m.d.comb += with_imm.eq((op == WrOpcode.RDMA_WRITE_WITH_IMM.value)
+                                | (op == WrOpcode.SEND_WITH_IMM.value))
+        mr_ok = Signal()
+        m.d.comb += mr_ok.eq(
+            mr.valid & (mr.key == wqe.lkey) & (mr.pd == ctx.pd)
+            & (wqe.local_addr >= mr.base)
+            & ((wqe.local_addr + wqe.length) <= (mr.base + mr.length))
+            & (~(is_read | is_atomic) | (mr.access & formats.Access.LOCAL_WRITE.value).any()))
+        loc_status = Signal(5)
+        with m.If(~known):
+            m.d.comb += loc_status.eq(WcStatus.LOC_QP_OP_ERR.value)
+        with m.Elif(is_atomic & (wqe.length != 8)):
+            m.d.comb += loc_status.eq(WcStatus.LOC_LEN_ERR.value)
+        with m.Elif((wqe.length != 0) & ~mr_ok):
+            m.d.comb += loc_status.eq(WcStatus.LOC_PROT_ERR.value)
+
+        # number of PSNs the message uses
+        npkts = Signal(24)
+        m.d.comb += npkts.eq(Mux(is_atomic | (wqe.length == 0), 1,
+                                 (wqe.length + (cfg.mtu - 1)) >> mtu_bits))
+        last_psn = Signal(24)
+        m.d.comb += last_psn.eq(npsn[cur] + npkts - 1)
+
+        # ---------------- request packet fields
+        seg_last = Signal()
+        m.d.comb += seg_last.eq(seg_left <= cfg.mtu)
+        seg_len = Signal(16)
+        m.d.comb += seg_len.eq(Mux(seg_last, seg_left, cfg.mtu))
+        bth_op = Signal(8)
+        with m.Switch(op):
+            with m.Case(WrOpcode.RDMA_WRITE.value, WrOpcode.RDMA_WRITE_WITH_IMM.value):
+                with m.If(seg_first & seg_last):
+                    m.d.comb += bth_op.eq(Mux(with_imm, BthOpcode.WRITE_ONLY_IMM.value,
+                                              BthOpcode.WRITE_ONLY.value))
+                with m.Elif(seg_first):
+                    m.d.comb += bth_op.eq(BthOpcode.WRITE_FIRST.value)
+                with m.Elif(seg_last):
+                    m.d.comb += bth_op.eq(Mux(with_imm, BthOpcode.WRITE_LAST_IMM.value,
+                                              BthOpcode.WRITE_LAST.value))
+                with m.Else():
+                    m.d.comb += bth_op.eq(BthOpcode.WRITE_MIDDLE.value)
+            with m.Case(WrOpcode.SEND.value, WrOpcode.SEND_WITH_IMM.value):
+                with m.If(seg_first & seg_last):
+                    m.d.comb += bth_op.eq(Mux(with_imm, BthOpcode.SEND_ONLY_IMM.value,
+                                              BthOpcode.SEND_ONLY.value))
+                with m.Elif(seg_first):
+                    m.d.comb += bth_op.eq(BthOpcode.SEND_FIRST.value)
+                with m.Elif(seg_last):
+                    m.d.comb += bth_op.eq(Mux(with_imm, BthOpcode.SEND_LAST_IMM.value,
+                                              BthOpcode.SEND_LAST.value))
+                with m.Else():
+                    m.d.comb += bth_op.eq(BthOpcode.SEND_MIDDLE.value)
+            with m.Case(WrOpcode.RDMA_READ.value):
+                m.d.comb += bth_op.eq(BthOpcode.READ_REQUEST.value)
+            with m.Case(WrOpcode.ATOMIC_CMP_AND_SWP.value):
+                m.d.comb += bth_op.eq(BthOpcode.COMPARE_SWAP.value)
+            with m.Default():
+                m.d.comb += bth_op.eq(BthOpcode.FETCH_ADD.value)
+        single = Signal()          # READ / atomic: one packet, no payload
+        m.d.comb += single.eq(is_read | is_atomic)
+        pkt_last = Signal()
+        m.d.comb += pkt_last.eq(single | seg_last)
+        paylen = Signal(16)
+        m.d.comb += paylen.eq(Mux(single, 0, seg_len))
+
+        meta = self.tx.meta.payload
+        m.d.comb += [
+            meta.opcode.eq(bth_op),
+            meta.src_node.eq(self.node_id),
+            meta.dst_node.eq(ctx.dest_node),
+            meta.se.eq(pkt_last & wqe.flags[2] & with_imm | pkt_last & wqe.flags[2] & (op == WrOpcode.SEND.value)),
+            meta.ackreq.eq(pkt_last),
+            meta.dest_qpn.eq(ctx.dest_qpn),
+            meta.psn.eq(seg_psn),
+            meta.udp_sport.eq(0xC000 | cur),
+            meta.va.eq(wqe.remote_addr),
+            meta.rkey.eq(wqe.rkey),
+            meta.dma_len.eq(wqe.length),
+            meta.swap_add.eq(Mux(op == WrOpcode.ATOMIC_CMP_AND_SWP.value, wqe.swap,
+                                 wqe.compare_add)),
+            meta.compare.eq(Mux(op == WrOpcode.ATOMIC_CMP_AND_SWP.value, wqe.compare_add, 0)),
+            meta.imm.eq(wqe.imm),
+            meta.paylen.eq(paylen),
+            self.pay_rd.req.payload.addr.eq(seg_addr),
+            self.pay_rd.req.payload.len.eq(seg_len),
+            self.pay_rd.req.payload.tag.eq(0),
+        ]
+
+        # ---------------- response classification
+        rx_op = rxm.opcode
+        syn = rxm.syndrome
+        is_ack = Signal()
+        m.d.comb += is_ack.eq(rx_op == BthOpcode.ACKNOWLEDGE.value)
+        is_nak = Signal()
+        m.d.comb += is_nak.eq(is_ack & (syn[5:7] != 0))
+        is_rresp = Signal()
+        m.d.comb += is_rresp.eq((rx_op >= BthOpcode.READ_RESPONSE_FIRST.value)
+                                & (rx_op <= BthOpcode.READ_RESPONSE_ONLY.value))
+        rresp_end = Signal()
+        m.d.comb += rresp_end.eq((rx_op == BthOpcode.READ_RESPONSE_LAST.value)
+                                 | (rx_op == BthOpcode.READ_RESPONSE_ONLY.value))
+        is_aack = Signal()
+        m.d.comb += is_aack.eq(rx_op == BthOpcode.ATOMIC_ACKNOWLEDGE.value)
+        nak_status = Signal(5)
+        with m.Switch(syn):
+            with m.Case(formats.AethSyndrome.NAK_INV_REQ.value):
+                m.d.comb += nak_status.eq(WcStatus.REM_INV_REQ_ERR.value)
+            with m.Case(formats.AethSyndrome.NAK_REM_ACCESS_ERR.value):
+                m.d.comb += nak_status.eq(WcStatus.REM_ACCESS_ERR.value)
+            with m.Case(formats.AethSyndrome.NAK_REM_OP_ERR.value):
+                m.d.comb += nak_status.eq(WcStatus.REM_OP_ERR.value)
+            with m.Case(formats.AethSyndrome.NAK_PSN_SEQ_ERR.value):
+                m.d.comb += nak_status.eq(WcStatus.RETRY_EXC_ERR.value)
+            with m.Case(formats.AethSyndrome.NAK_INV_RD_REQ.value):
+                m.d.comb += nak_status.eq(WcStatus.REM_INV_RD_REQ_ERR.value)
+            with m.Case("-01-----"):
+                m.d.comb += nak_status.eq(WcStatus.RNR_RETRY_EXC_ERR.value)
+            with m.Default():
+                m.d.comb += nak_status.eq(WcStatus.REM_OP_ERR.value)
+        head_ws = Signal()
+        m.d.comb += head_ws.eq(nonempty & (ent.opcode <= WrOpcode.SEND_WITH_IMM.value)
+                               & (ent.status == 0))
+        # ACK: everything up to and including P; NAK / responses: strictly before P
+        ack_covers = Signal()
+        m.d.comb += ack_covers.eq(Mux(is_ack & ~is_nak, psn_le(ent.last_psn, rxm.psn),
+                                      psn_le(ent.last_psn, rxm.psn) & (ent.last_psn != rxm.psn)))
+        rx_off = Signal(64)
+        m.d.comb += rx_off.eq(((rxm.psn - ent.first_psn)[:24]) << mtu_bits)
+        rresp_match = Signal()
+        m.d.comb += rresp_match.eq(nonempty & (ent.status == 0)
+                                   & (ent.opcode == WrOpcode.RDMA_READ.value)
+                                   & psn_le(ent.first_psn, rxm.psn) & psn_le(rxm.psn, ent.last_psn)
+                                   # the data must stay inside the local buffer
+                                   & (rx_off + rxm.paylen <= ent.length))
+        aack_match = Signal()
+        m.d.comb += aack_match.eq(nonempty & (ent.status == 0)
+                                  & ((ent.opcode == WrOpcode.ATOMIC_CMP_AND_SWP.value)
+                                     | (ent.opcode == WrOpcode.ATOMIC_FETCH_AND_ADD.value))
+                                  & (ent.first_psn == rxm.psn))
+
+        # ---------------- control FSM
+        m.d.comb += trk_wr.addr.eq(Cat(tail[cur][:mo_bits], cur))
+        m.d.comb += fetch.req.payload.addr.eq(
+            ctx.sq_base + ((fi[cur] & ((Const(1, 33) << ctx.sq_log_size) - 1)) << 6))
+
+        ev_any = Signal()
+        ev_sel = Signal(self.qpn_bits)
+        for i in reversed(range(nq)):
+            with m.If(ev_pend[i]):
+                m.d.comb += [ev_any.eq(1), ev_sel.eq(i)]
+        fl_any = Signal()
+        fl_sel = Signal(self.qpn_bits)
+        for i in reversed(range(nq)):
+            with m.If(flushable[i]):
+                m.d.comb += [fl_any.eq(1), fl_sel.eq(i)]
+
+        ev_clear = Signal()
+
+        with m.FSM():
+            with m.State("IDLE"):
+                db_q = self.db.payload.qpn[:self.qpn_bits]
+                with m.If(ev_any):
+                    m.d.comb += ev_clear.eq(1)
+                    with m.If(ev_reset[ev_sel]):
+                        m.d.sync += [
+                            pi[ev_sel].eq(0), fi[ev_sel].eq(0), ci[ev_sel].eq(0),
+                            head[ev_sel].eq(0), tail[ev_sel].eq(0),
+                            npsn[ev_sel].eq(ev_psn[ev_sel]),
+                            rd_out[ev_sel].eq(0), rd_ok[ev_sel].eq(1),
+                            fence_wait[ev_sel].eq(0),
+                        ]
+                    m.d.sync += [
+                        rts[ev_sel].eq(ev_state[ev_sel] == formats.QpState.RTS.value),
+                        err[ev_sel].eq(ev_state[ev_sel] == formats.QpState.ERR.value),
+                    ]
+                with m.Elif(self.db.valid):
+                    # doorbell: look the QP up right now (index = db qpn)
+                    m.d.comb += [self.qp.index.eq(db_q), self.db.ready.eq(1)]
+                    posted = Signal(16)
+                    fetched = Signal(16)
+                    m.d.comb += [posted.eq(self.db.payload.pi - ci[db_q]),
+                                 fetched.eq(fi[db_q] - ci[db_q])]
+                    with m.If((posted > (Const(1, 33) << ctx.sq_log_size)) | (posted < fetched)):
+                        m.d.comb += self.stat_db_reject.eq(1)
+                        m.d.sync += [cur.eq(db_q), err[db_q].eq(1)]
+                        m.next = "SET_ERR"
+                    with m.Else():
+                        m.d.sync += pi[db_q].eq(self.db.payload.pi)
+                with m.Elif(self.rx.meta.valid):
+                    m.d.comb += self.rx.meta.ready.eq(1)
+                    rq = self.rx.meta.payload.dest_qpn
+                    m.d.sync += [rxm.eq(self.rx.meta.payload), cur.eq(rq[:self.qpn_bits])]
+                    ok = Signal()
+                    m.d.comb += ok.eq((rq < nq) & rts[rq[:self.qpn_bits]]
+                                      & ~err[rq[:self.qpn_bits]] & ~ev_pend[rq[:self.qpn_bits]])
+                    with m.If(ok):
+                        m.next = "RX_ACK"
+                    with m.Elif(self.rx.meta.payload.paylen != 0):
+                        m.next = "RX_DROP"
+                with m.Elif(fl_any):
+                    m.d.sync += [cur.eq(fl_sel), flushing.eq(1)]
+                    m.next = "FLUSH"
+                with m.Elif(sched.grant.valid):
+                    m.d.comb += sched.grant.ready.eq(1)
+                    m.d.sync += [cur.eq(sched.grant.payload.qpn), flushing.eq(0)]
+                    m.next = "FETCH"
+
+            with m.State("FLUSH"):
+                with m.If(nonempty):
+                    m.d.sync += set_cqe(ent.wr_id,
+                                        Mux(ent.status != 0, ent.status,
+                                            WcStatus.WR_FLUSH_ERR.value),
+                                        ent.opcode, 0)
+                    m.d.sync += pop_head()
+                    m.d.sync += cqe_ret_ack.eq(0)
+                    m.next = "CQE"
+                with m.Else():
+                    m.next = "FETCH"
+
+            with m.State("FETCH"):
+                m.d.comb += fetch.req.valid.eq(1)
+                with m.If(fetch.req.ready):
+                    m.d.comb += self.stat_wqe_fetch.eq(1)
+                    m.next = "FETCH_WAIT"
+
+            with m.State("FETCH_WAIT"):
+                m.d.comb += fetch.wqe.ready.eq(1)
+                with m.If(fetch.wqe.valid):
+                    m.d.sync += wqe.eq(fetch.wqe.payload)
+                    m.next = "CHECK"
+
+            with m.State("CHECK"):
+                with m.If(flushing):
+                    op3 = Mux(known, op[:3], 7)
+                    m.d.sync += set_cqe(wqe.wr_id, WcStatus.WR_FLUSH_ERR.value, op3, 0)
+                    m.d.sync += [fi[cur].eq(fi[cur] + 1), ci[cur].eq(ci[cur] + 1),
+                                 cqe_ret_ack.eq(0)]
+                    m.next = "CQE"
+                with m.Elif(wqe.flags[1] & (rd_out[cur] != 0)):
+                    # fence: wait for the earlier READ/atomic requests, fetch again later
+                    m.d.sync += fence_wait[cur].eq(1)
+                    m.next = "IDLE"
+                with m.Elif(loc_status != 0):
+                    m.d.comb += [
+                        trk_wr.en.eq(1),
+                        trk_wr.data.wr_id.eq(wqe.wr_id),
+                        trk_wr.data.opcode.eq(Mux(known, op[:3], 7)),
+                        trk_wr.data.status.eq(loc_status),
+                        trk_wr.data.first_psn.eq(npsn[cur]),
+                        trk_wr.data.last_psn.eq(npsn[cur]),
+                    ]
+                    m.d.sync += [tail[cur].eq(tail[cur] + 1), fi[cur].eq(fi[cur] + 1),
+                                 err[cur].eq(1)]
+                    m.next = "SET_ERR"
+                with m.Else():
+                    m.d.sync += [
+                        seg_left.eq(wqe.length),
+                        seg_addr.eq(wqe.local_addr),
+                        seg_psn.eq(npsn[cur]),
+                        seg_first.eq(1),
+                        meta_done.eq(0),
+                        req_done.eq(0),
+                    ]
+                    m.next = "SEND_META"
+
+            with m.State("SEND_META"):
+                m.d.comb += [
+                    self.tx.meta.valid.eq(~meta_done),
+                    self.pay_rd.req.valid.eq(~req_done & (paylen != 0)),
+                ]
+                mdone = meta_done | self.tx.meta.ready
+                rdone = req_done | self.pay_rd.req.ready | (paylen == 0)
+                m.d.sync += [meta_done.eq(mdone), req_done.eq(rdone)]
+                with m.If(mdone & rdone):
+                    m.d.sync += [meta_done.eq(0), req_done.eq(0)]
+                    with m.If(paylen != 0):
+                        m.next = "SEND_DATA"
+                    with m.Else():
+                        m.next = "SEG_END"
+
+            with m.State("SEND_DATA"):
+                m.d.comb += [
+                    self.tx.payload.valid.eq(self.pay_rd.resp.valid),
+                    self.tx.payload.payload.data.eq(self.pay_rd.resp.payload.data),
+                    self.tx.payload.payload.nbytes.eq(self.pay_rd.resp.payload.nbytes),
+                    self.tx.payload.payload.last.eq(self.pay_rd.resp.payload.last),
+                    self.pay_rd.resp.ready.eq(self.tx.payload.ready),
+                ]
+                with m.If(self.pay_rd.resp.valid & self.tx.payload.ready
+                          & self.pay_rd.resp.payload.last):
+                    m.next = "SEG_END"
+
+            with m.State("SEG_END"):
+                with m.If(pkt_last):
+                    m.next = "COMMIT"
+                with m.Else():
+                    m.d.sync += [
+                        seg_left.eq(seg_left - cfg.mtu),
+                        seg_addr.eq(seg_addr + cfg.mtu),
+                        seg_psn.eq(seg_psn + 1),
+                        seg_first.eq(0),
+                    ]
+                    m.next = "SEND_META"
+
+            with m.State("COMMIT"):
+                m.d.comb += [
+                    trk_wr.en.eq(1),
+                    trk_wr.data.wr_id.eq(wqe.wr_id),
+                    trk_wr.data.local_addr.eq(wqe.local_addr),
+                    trk_wr.data.length.eq(wqe.length),
+                    trk_wr.data.first_psn.eq(npsn[cur]),
+                    trk_wr.data.last_psn.eq(last_psn),
+                    trk_wr.data.opcode.eq(op[:3]),
+                    trk_wr.data.signaled.eq(wqe.flags[0]),
+                    trk_wr.data.status.eq(0),
+                ]
+                m.d.sync += [
+                    tail[cur].eq(tail[cur] + 1),
+                    fi[cur].eq(fi[cur] + 1),
+                    npsn[cur].eq(npsn[cur] + npkts),
+                ]
+                with m.If(single):
+                    m.d.sync += [rd_out[cur].eq(rd_out[cur] + 1),
+                                 rd_ok[cur].eq((rd_out[cur] + 1) < rd_lim)]
+                m.d.comb += [
+                    self.stat_write.eq(is_write),
+                    self.stat_send.eq(known & ~is_write & ~single),
+                    self.stat_read.eq(is_read),
+                    self.stat_cas.eq(op == WrOpcode.ATOMIC_CMP_AND_SWP.value),
+                    self.stat_faa.eq(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value),
+                ]
+                m.next = "IDLE"
+
+            with m.State("SET_ERR"):
+                m.d.comb += self.set_err.valid.eq(1)
+                with m.If(self.set_err.ready):
+                    m.next = "IDLE"
+
+            with m.State("RX_ACK"):
+                with m.If(head_ws & ack_covers):
+                    # implicit or explicit acknowledgement of a WRITE/SEND
+                    m.d.sync += pop_head()
+                    with m.If(ent.signaled):
+                        m.d.sync += set_cqe(ent.wr_id, 0, ent.opcode, ent.length)
+                        m.d.sync += cqe_ret_ack.eq(1)
+                        m.next = "CQE"
+                with m.Elif(is_nak):
+                    m.d.comb += self.stat_nak_rx.eq(1)
+                    with m.If(nonempty):
+                        m.d.comb += [
+                            trk_wr.addr.eq(Cat(head[cur][:mo_bits], cur)),
+                            trk_wr.en.eq(1),
+                            trk_wr.data.eq(ent),
+                            trk_wr.data.status.eq(nak_status),
+                        ]
+                        m.d.sync += err[cur].eq(1)
+                        m.next = "SET_ERR"
+                    with m.Else():
+                        m.next = "IDLE"
+                with m.Elif(is_ack):
+                    m.next = "IDLE"
+                with m.Elif(is_rresp & rresp_match):
+                    m.d.sync += [rx_addr.eq(ent.local_addr + rx_off), rx_complete.eq(rresp_end)]
+                    with m.If(rxm.paylen != 0):
+                        m.next = "RX_DATA"
+                    with m.Else():
+                        m.next = "RX_DONE"
+                with m.Elif(is_aack & aack_match):
+                    m.d.sync += [rx_addr.eq(ent.local_addr), rx_complete.eq(1)]
+                    m.next = "RX_ATOMIC"
+                with m.Elif(rxm.paylen != 0):
+                    m.next = "RX_DROP"
+                with m.Else():
+                    m.next = "IDLE"
+
+            with m.State("RX_DATA"):
+                m.d.comb += [
+                    self.dma_wr.valid.eq(self.rx.payload.valid),
+                    self.dma_wr.payload.addr.eq(rx_addr),
+                    self.dma_wr.payload.len.eq(rxm.paylen),
+                    self.dma_wr.payload.data.eq(self.rx.payload.payload.data),
+                    self.dma_wr.payload.nbytes.eq(self.rx.payload.payload.nbytes),
+                    self.dma_wr.payload.last.eq(self.rx.payload.payload.last),
+                    self.rx.payload.ready.eq(self.dma_wr.ready),
+                ]
+                with m.If(self.rx.payload.valid & self.dma_wr.ready
+                          & self.rx.payload.payload.last):
+                    m.next = "RX_DONE"
+
+            with m.State("RX_ATOMIC"):
+                m.d.comb += [
+                    self.dma_wr.valid.eq(1),
+                    self.dma_wr.payload.addr.eq(rx_addr),
+                    self.dma_wr.payload.len.eq(8),
+                    self.dma_wr.payload.data.eq(rxm.orig),
+                    self.dma_wr.payload.nbytes.eq(8),
+                    self.dma_wr.payload.last.eq(1),
+                ]
+                with m.If(self.dma_wr.ready):
+                    m.next = "RX_DONE"
+
+            with m.State("RX_DONE"):
+                with m.If(rx_complete):
+                    m.d.sync += pop_head()
+                    m.d.sync += release_rd()
+                    with m.If(ent.signaled):
+                        m.d.sync += set_cqe(ent.wr_id, 0, ent.opcode,
+                                            Mux(ent.opcode == WrOpcode.RDMA_READ.value,
+                                                ent.length, 8))
+                        m.d.sync += cqe_ret_ack.eq(0)
+                        m.next = "CQE"
+                    with m.Else():
+                        m.next = "IDLE"
+                with m.Else():
+                    m.next = "IDLE"
+
+            with m.State("RX_DROP"):
+                m.d.comb += self.rx.payload.ready.eq(1)
+                with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
+                    m.next = "IDLE"
+
+            with m.State("CQE"):
+                m.d.comb += self.cqe.valid.eq(1)
+                with m.If(self.cqe.ready):
+                    with m.If(cqe_ret_ack):
+                        m.next = "RX_ACK"
+                    with m.Else():
+                        m.next = "IDLE"
+
+        # ---------------- QP events: always accepted, applied from IDLE
+        m.d.comb += self.qp_event.ready.eq(1)
+        with m.If(ev_clear):
+            m.d.sync += ev_pend[ev_sel].eq(0)
+        with m.If(self.qp_event.valid):
+            e = self.qp_event.payload
+            eq = e.qpn[:self.qpn_bits]
+            with m.If(e.qpn < nq):
+                m.d.sync += [
+                    ev_pend[eq].eq(1),
+                    ev_state[eq].eq(e.state),
+                    ev_psn[eq].eq(e.sq_psn),
+                    # a reset requested by any event since the last application sticks
+                    ev_reset[eq].eq((e.state != formats.QpState.ERR)
+                                    | (ev_reset[eq] & ~(ev_clear & (ev_sel == eq)))),
+                ]
+        with m.If(ev_clear & ~(self.qp_event.valid & (self.qp_event.payload.qpn == ev_sel))):
+            m.d.sync += ev_reset[ev_sel].eq(0)
+        return m

@@ -1,0 +1,955 @@
+"""Requester: request packets, responses, completions, local errors, NAKs and flush.
+
+The bench wraps the Requester with its QP and MR context tables (asynchronous read ports of
+``lib.memory.Memory``) and drives it from Python models: a host memory answering both DMA
+read ports (latency, random back-pressure) and taking DMA writes, a responder stand-in that
+answers every request packet like the remote RNIC would (ACK, READ responses from a remote
+memory, atomics; optional NAKs and coalesced ACKs), and collectors of CQEs, QP error
+requests and statistics pulses. Every test compares against a Python model of the packets,
+memory contents and completions (InfiniBand Architecture Specification vol. 1 rel. 1.4,
+9.7 and 10.8).
+"""
+
+import enum
+import math
+import random
+from collections import deque
+
+import pytest
+from amaranth import Module
+from amaranth.lib import memory, wiring
+from amaranth.sim import Simulator
+
+from hw import formats, regmap
+from hw.config import NicConfig
+from hw.formats import WcOpcode, WcStatus as S
+from hw.interfaces import QP_LOOKUP
+from hw.requester import Requester
+
+# integer mirrors of the opcode enums, for arithmetic in the models
+O = enum.IntEnum("O", {e.name: e.value for e in formats.WrOpcode})
+B = enum.IntEnum("B", {e.name: e.value for e in formats.BthOpcode})
+
+CFG = NicConfig(data_bytes=8, mtu=256, n_qps=4, n_mrs=4, n_cqs=4, max_outstanding=8)
+
+SIG, FENCE, SOL = formats.WQE_FLAG_SIGNALED, formats.WQE_FLAG_FENCE, formats.WQE_FLAG_SOLICITED
+NODE = 3
+# MR slots: 1 = good (pd 1, local write), 2 = pd 1 without local write, 3 = pd 2; 0 invalid
+MRS = {
+    1: dict(base=0x200000, length=0x10000, key=0x0155, pd=1, access=1, valid=1),
+    2: dict(base=0x300000, length=0x1000, key=0x0266, pd=1, access=0, valid=1),
+    3: dict(base=0x400000, length=0x10000, key=0x0377, pd=2, access=1, valid=1),
+}
+GOOD = MRS[1]
+
+
+def qp_ctx(q, **kw):
+    ctx = dict(sq_base=0x100000 * (q + 1), rq_base=0, sq_log_size=5, rq_log_size=0,
+               send_cq=(q + 1) % 4, recv_cq=0, pd=1, dest_qpn=0x100 + q, dest_node=7 + q,
+               access=0, max_rd_atomic=0)
+    ctx.update(kw)
+    return ctx
+
+
+class Bench(wiring.Component):
+    def __init__(self, cfg, qps):
+        self.dut = Requester(cfg)
+        init = []
+        for q in range(cfg.n_qps):
+            c = int.from_bytes(formats.pack(regmap.QP_CTX, **qps[q]), "little")
+            init.append(c | (formats.QpState.RTS.value << regmap.QP_CTX.size))
+        self.qpt = memory.Memory(shape=QP_LOOKUP.size, depth=cfg.n_qps, init=init)
+        mrs = [int.from_bytes(formats.pack(formats.MR_ENTRY, **MRS[i]), "little") if i in MRS else 0
+               for i in range(cfg.n_mrs)]
+        self.mrt = memory.Memory(shape=formats.MR_ENTRY.size, depth=cfg.n_mrs, init=mrs)
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = self.dut
+        m.submodules.qpt = self.qpt
+        m.submodules.mrt = self.mrt
+        qp = self.qpt.read_port(domain="comb")
+        mr = self.mrt.read_port(domain="comb")
+        m.d.comb += [qp.addr.eq(self.dut.qp.index), self.dut.qp.data.eq(qp.data),
+                     mr.addr.eq(self.dut.mr.index), self.dut.mr.data.eq(mr.data)]
+        return m
+
+
+def wc_of(op):
+    return {0: WcOpcode.RDMA_WRITE, 1: WcOpcode.RDMA_WRITE, 2: WcOpcode.SEND, 3: WcOpcode.SEND,
+            4: WcOpcode.RDMA_READ, 5: WcOpcode.COMP_SWAP, 6: WcOpcode.FETCH_ADD}.get(op, WcOpcode.SEND).value
+
+
+def wqe(op, length=0, flags=SIG, local=0, lkey=None, remote=0, rkey=0x9999, imm=0, cmp=0, swap=0,
+        wr_id=None):
+    return dict(opcode=int(op), flags=flags, imm=imm, wr_id=wr_id, local_addr=local, length=length,
+                lkey=GOOD["key"] if lkey is None else lkey, remote_addr=remote, rkey=rkey,
+                compare_add=cmp, swap=swap)
+
+
+class World:
+    """Everything outside the requester, as Python models."""
+
+    def __init__(self, cfg, seed, bp=0.3, resp_lat=20, naks=None, ack_skip=0.0, qps=None):
+        self.cfg = cfg
+        self.W = cfg.data_bytes
+        self.rng = random.Random(seed)
+        self.bp = bp
+        self.resp_lat = resp_lat
+        self.naks = naks or {}           # (q, message index) -> syndrome
+        self.ack_skip = ack_skip          # probability of not acknowledging a message at once
+        self.qps = qps or {q: qp_ctx(q) for q in range(cfg.n_qps)}
+        self.host = {}                    # byte address -> value
+        self.remote = {}
+        self.t = 0
+        self.tx = []                      # (time, q, meta dict, payload bytes)
+        self.msg_count = {}
+        self.unacked = {}                 # q -> psn of the last unacknowledged message
+        self.resp = deque()               # (ready time, meta, payload)
+        self.rx_log = []                  # (time, meta) accepted by the DUT
+        self.cqes = []
+        self.set_err = []
+        self.stats = {}
+        self.wqe_reads = []
+        self.pay_reads = []
+        self.writes = []
+        self.reads_inflight = {}
+        self.max_reads_inflight = {}
+        self.posted = {q: [] for q in range(cfg.n_qps)}
+        self.db_q = deque()
+        self.ev_q = deque()
+        self.inject = {}                  # (q, message index) -> [(meta, payload)] sent first
+        self.final_psn = {}               # q -> PSN of the last message (always acknowledged)
+
+    # ---- host-side helpers
+    def fill(self, mem, addr, data):
+        for i, b in enumerate(data):
+            mem[addr + i] = b
+
+    def get(self, mem, addr, n):
+        return bytes(mem.get(addr + i, 0) for i in range(n))
+
+    def post(self, q, w):
+        """Write WQE w at the QP's producer index (the doorbell comes separately)."""
+        ctx = self.qps[q]
+        if w["wr_id"] is None:
+            w["wr_id"] = self.rng.getrandbits(64)
+        idx = len(self.posted[q])
+        addr = ctx["sq_base"] + (idx % (1 << ctx["sq_log_size"])) * 64
+        self.fill(self.host, addr, formats.pack(formats.WQE, **w))
+        self.posted[q].append(w)
+        return idx + 1
+
+    def ring(self, q, pi=None):
+        self.db_q.append((q, len(self.posted[q]) % 65536 if pi is None else pi))
+
+
+def seg_opcodes(op, n):
+    if op in (O.RDMA_WRITE, O.RDMA_WRITE_WITH_IMM):
+        f, mid, last, only = B.WRITE_FIRST, B.WRITE_MIDDLE, B.WRITE_LAST, B.WRITE_ONLY
+        if op == O.RDMA_WRITE_WITH_IMM:
+            last, only = B.WRITE_LAST_IMM, B.WRITE_ONLY_IMM
+    else:
+        f, mid, last, only = B.SEND_FIRST, B.SEND_MIDDLE, B.SEND_LAST, B.SEND_ONLY
+        if op == O.SEND_WITH_IMM:
+            last, only = B.SEND_LAST_IMM, B.SEND_ONLY_IMM
+    if n == 1:
+        return [only]
+    return [f] + [mid] * (n - 2) + [last]
+
+
+def expected_packets(world, q, wqes, psn):
+    """Request packets (meta subset, payload) of the WQEs, sent in order from psn."""
+    cfg, ctx = world.cfg, world.qps[q]
+    out = []
+    for w in wqes:
+        op = O(w["opcode"])
+        common = dict(src_node=NODE, dst_node=ctx["dest_node"], dest_qpn=ctx["dest_qpn"],
+                      udp_sport=0xC000 | q)
+        if op in (O.RDMA_WRITE, O.RDMA_WRITE_WITH_IMM, O.SEND, O.SEND_WITH_IMM):
+            n = max(1, math.ceil(w["length"] / cfg.mtu))
+            for k, bop in enumerate(seg_opcodes(op, n)):
+                last = k == n - 1
+                ln = min(cfg.mtu, w["length"] - k * cfg.mtu)
+                meta = dict(common, opcode=bop.value, psn=(psn + k) % (1 << 24), ackreq=int(last),
+                            se=int(last and bool(w["flags"] & SOL) and op != O.RDMA_WRITE),
+                            paylen=ln)
+                hdr = formats.headers_of(bop)
+                if "reth" in hdr:
+                    meta.update(va=w["remote_addr"], rkey=w["rkey"], dma_len=w["length"])
+                if "immdt" in hdr:
+                    meta.update(imm=w["imm"])
+                out.append((meta, world.get(world.host, w["local_addr"] + k * cfg.mtu, ln)))
+            psn += n
+        elif op == O.RDMA_READ:
+            out.append((dict(common, opcode=B.READ_REQUEST.value, psn=psn % (1 << 24), ackreq=1, se=0,
+                             paylen=0, va=w["remote_addr"], rkey=w["rkey"], dma_len=w["length"]), b""))
+            psn += max(1, math.ceil(w["length"] / cfg.mtu))
+        else:
+            cas = op == O.ATOMIC_CMP_AND_SWP
+            out.append((dict(common, opcode=(B.COMPARE_SWAP if cas else B.FETCH_ADD).value,
+                             psn=psn % (1 << 24), ackreq=1, se=0, paylen=0, va=w["remote_addr"],
+                             rkey=w["rkey"], swap_add=w["swap"] if cas else w["compare_add"],
+                             compare=w["compare_add"] if cas else 0), b""))
+            psn += 1
+    return out
+
+
+def run(world, script, max_cycles=20000):
+    """script(ctx, world) is an async function driving events/doorbells; runs until it ends."""
+    cfg = world.cfg
+    W = world.W
+    bench = Bench(cfg, world.qps)
+    dut = bench.dut
+    rng = world.rng
+    bp = world.bp
+    stat_names = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
+                  "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject"]
+    world.stats = {s: 0 for s in stat_names}
+    remote_qpn = {world.qps[q]["dest_qpn"]: q for q in world.qps}
+
+    async def clock(ctx):
+        while True:
+            res = await ctx.tick().sample(*[getattr(dut, s) for s in stat_names])
+            for s, v in zip(stat_names, res[2:]):
+                world.stats[s] += v
+            world.t += 1
+
+    async def dma_read(ctx, port, log):
+        while True:
+            ctx.set(port.req.ready, rng.random() >= bp)
+            _, _, v, r, p = await ctx.tick().sample(port.req.valid, port.req.ready, port.req.payload)
+            if not (v and r):
+                continue
+            ctx.set(port.req.ready, 0)
+            log.append((p.addr, p.len))
+            assert 0 < p.len <= 65535
+            for _ in range(rng.randrange(1, 8)):
+                await ctx.tick()
+            nb = (p.len + W - 1) // W
+            for b in range(nb):
+                while rng.random() < bp:
+                    ctx.set(port.resp.valid, 0)
+                    await ctx.tick()
+                cnt = min(W, p.len - b * W)
+                ctx.set(port.resp.payload, {"data": int.from_bytes(world.get(world.host, p.addr + b * W, cnt), "little"),
+                                            "nbytes": cnt, "last": b == nb - 1, "tag": p.tag})
+                ctx.set(port.resp.valid, 1)
+                await ctx.tick().until(port.resp.ready)
+            ctx.set(port.resp.valid, 0)
+
+    async def wqe_dma(ctx):
+        await dma_read(ctx, dut.wqe_rd, world.wqe_reads)
+
+    async def pay_dma(ctx):
+        await dma_read(ctx, dut.pay_rd, world.pay_reads)
+
+    async def dma_write(ctx):
+        cur = None
+        while True:
+            ctx.set(dut.dma_wr.ready, rng.random() >= bp)
+            _, _, v, r, p = await ctx.tick().sample(dut.dma_wr.valid, dut.dma_wr.ready, dut.dma_wr.payload)
+            if v and r:
+                if cur is None:
+                    cur = [p.addr, p.len, b""]
+                cur[2] += int(p.data).to_bytes(W, "little")[:p.nbytes]
+                if p.last:
+                    assert len(cur[2]) == cur[1], cur
+                    world.fill(world.host, cur[0], cur[2])
+                    world.writes.append((cur[0], cur[2]))
+                    cur = None
+
+    def respond(q, meta, payload):
+        """Responder stand-in: answers like the remote RNIC (9.7.4), with injected NAKs."""
+        ready = world.t + world.resp_lat
+        op = B(meta["opcode"])
+        base = dict(src_node=meta["dst_node"], dst_node=meta["src_node"], dest_qpn=q, se=0, ackreq=0,
+                    syndrome=formats.AethSyndrome.ACK.value, msn=0, paylen=0)
+        psn = meta["psn"]
+        last = meta["ackreq"]
+        st = world.__dict__.setdefault("rstate", {}).setdefault(q, {})
+        if op in (B.WRITE_FIRST, B.WRITE_ONLY, B.WRITE_ONLY_IMM):
+            st["va"] = meta["va"]
+            st["off"] = 0
+        if op.name.startswith("WRITE"):
+            world.fill(world.remote, st["va"] + st["off"], payload)
+            st["off"] += len(payload)
+        if not last:
+            return
+        idx = world.msg_count.get(q, 0)
+        world.msg_count[q] = idx + 1
+        for meta_x, pay_x in world.inject.get((q, idx), []):
+            world.resp.append((ready, {**base, "psn": psn, **meta_x}, pay_x))
+        if (q, idx) in world.naks:
+            world.resp.append((ready, dict(base, opcode=B.ACKNOWLEDGE.value, psn=psn,
+                                           syndrome=world.naks[(q, idx)]), b""))
+            return
+        if op == B.READ_REQUEST:
+            world.reads_inflight[q] = world.reads_inflight.get(q, 0) + 1
+            world.max_reads_inflight[q] = max(world.max_reads_inflight.get(q, 0), world.reads_inflight[q])
+            n = max(1, math.ceil(meta["dma_len"] / world.cfg.mtu))
+            for k in range(n):
+                ln = min(world.cfg.mtu, meta["dma_len"] - k * world.cfg.mtu)
+                bop = (B.READ_RESPONSE_ONLY if n == 1 else B.READ_RESPONSE_FIRST if k == 0 else
+                       B.READ_RESPONSE_LAST if k == n - 1 else B.READ_RESPONSE_MIDDLE)
+                world.resp.append((ready, dict(base, opcode=bop.value, psn=(psn + k) % (1 << 24), paylen=ln),
+                                   world.get(world.remote, meta["va"] + k * world.cfg.mtu, ln)))
+            return
+        if op in (B.COMPARE_SWAP, B.FETCH_ADD):
+            world.reads_inflight[q] = world.reads_inflight.get(q, 0) + 1
+            world.max_reads_inflight[q] = max(world.max_reads_inflight.get(q, 0), world.reads_inflight[q])
+            orig = int.from_bytes(world.get(world.remote, meta["va"], 8), "little")
+            if op == B.COMPARE_SWAP:
+                new = meta["swap_add"] if orig == meta["compare"] else orig
+            else:
+                new = (orig + meta["swap_add"]) % (1 << 64)
+            world.fill(world.remote, meta["va"], new.to_bytes(8, "little"))
+            world.resp.append((ready, dict(base, opcode=B.ATOMIC_ACKNOWLEDGE.value, psn=psn, orig=orig), b""))
+            return
+        # WRITE / SEND: acknowledge, possibly coalesced with a later ACK
+        world.unacked[q] = world.unacked.get(q, 0) + 1
+        if (rng.random() >= world.ack_skip or world.final_psn.get(q) == psn
+                or world.unacked[q] >= 4):
+            world.unacked[q] = 0
+            world.resp.append((ready, dict(base, opcode=B.ACKNOWLEDGE.value, psn=psn), b""))
+
+    async def tx(ctx):
+        while True:
+            ctx.set(dut.tx.meta.ready, rng.random() >= bp)
+            _, _, v, r, p = await ctx.tick().sample(dut.tx.meta.valid, dut.tx.meta.ready, dut.tx.meta.payload)
+            if not (v and r):
+                continue
+            ctx.set(dut.tx.meta.ready, 0)
+            meta = {name: int(getattr(p, name)) for name, _ in formats.PKT_META}
+            payload = b""
+            if meta["paylen"]:
+                while True:
+                    ctx.set(dut.tx.payload.ready, rng.random() >= bp)
+                    _, _, v, r, b = await ctx.tick().sample(dut.tx.payload.valid, dut.tx.payload.ready,
+                                                            dut.tx.payload.payload)
+                    if v and r:
+                        payload += int(b.data).to_bytes(W, "little")[:b.nbytes]
+                        if b.last:
+                            break
+                ctx.set(dut.tx.payload.ready, 0)
+            assert len(payload) == meta["paylen"]
+            q = remote_qpn[meta["dest_qpn"]]
+            world.tx.append((world.t, q, meta, payload))
+            respond(q, meta, payload)
+
+    async def rx(ctx):
+        while True:
+            if not world.resp or world.resp[0][0] > world.t:
+                await ctx.tick()
+                continue
+            _, meta, payload = world.resp.popleft()
+            full = {name: 0 for name, _ in formats.PKT_META}
+            full.update(meta)
+            ctx.set(dut.rx.meta.payload, full)
+            ctx.set(dut.rx.meta.valid, 1)
+            await ctx.tick().until(dut.rx.meta.ready)
+            ctx.set(dut.rx.meta.valid, 0)
+            nb = (len(payload) + W - 1) // W
+            for b in range(nb):
+                while rng.random() < bp:
+                    await ctx.tick()
+                chunk = payload[b * W:(b + 1) * W]
+                ctx.set(dut.rx.payload.payload, {"data": int.from_bytes(chunk, "little"), "nbytes": len(chunk),
+                                                 "last": b == nb - 1})
+                ctx.set(dut.rx.payload.valid, 1)
+                await ctx.tick().until(dut.rx.payload.ready)
+                ctx.set(dut.rx.payload.valid, 0)
+            world.rx_log.append((world.t, meta))
+            if meta["opcode"] in (B.READ_RESPONSE_LAST.value, B.READ_RESPONSE_ONLY.value,
+                                  B.ATOMIC_ACKNOWLEDGE.value):
+                world.reads_inflight[meta["dest_qpn"]] -= 1
+
+    async def cqe(ctx):
+        while True:
+            ctx.set(dut.cqe.ready, rng.random() >= bp)
+            _, _, v, r, p = await ctx.tick().sample(dut.cqe.valid, dut.cqe.ready, dut.cqe.payload)
+            if v and r:
+                c = {name: int(getattr(p.cqe, name)) for name, _ in formats.CQE}
+                c["cqn"] = int(p.cqn)
+                c["t"] = world.t
+                world.cqes.append(c)
+
+    async def set_err(ctx):
+        while True:
+            ctx.set(dut.set_err.ready, rng.random() >= bp)
+            _, _, v, r, p = await ctx.tick().sample(dut.set_err.valid, dut.set_err.ready, dut.set_err.payload)
+            if v and r:
+                world.set_err.append(int(p.qpn))
+
+    async def doorbells(ctx):
+        while True:
+            if not world.db_q:
+                await ctx.tick()
+                continue
+            q, pi = world.db_q.popleft()
+            ctx.set(dut.db.payload, {"qpn": q, "pi": pi})
+            ctx.set(dut.db.valid, 1)
+            await ctx.tick().until(dut.db.ready)
+            ctx.set(dut.db.valid, 0)
+
+    async def main(ctx):
+        ctx.set(dut.node_id, NODE)
+
+        async def event(q, state, psn=0):
+            ctx.set(dut.qp_event.payload, {"qpn": q, "state": state, "sq_psn": psn, "rq_psn": 0})
+            ctx.set(dut.qp_event.valid, 1)
+            assert ctx.get(dut.qp_event.ready)
+            await ctx.tick()
+            ctx.set(dut.qp_event.valid, 0)
+
+        async def wait(cond, limit=max_cycles):
+            for _ in range(limit):
+                if cond():
+                    return
+                await ctx.tick()
+            raise AssertionError("timeout waiting")
+
+        await script(ctx, world, event, wait)
+
+    sim = Simulator(bench)
+    sim.add_clock(1e-8)
+    for fn in (clock, wqe_dma, pay_dma, dma_write, tx, rx, cqe, set_err, doorbells):
+        sim.add_testbench(fn, background=True)
+    sim.add_testbench(main)
+    sim.run()
+    return world
+
+
+def cqes_of(world, q):
+    return [c for c in world.cqes if c["qpn"] == q]
+
+
+def check_success(world, q, wqes, psn0=0):
+    """Packets, completions and memory of WQEs that all succeed."""
+    got = [(m, p) for _, qq, m, p in world.tx if qq == q]
+    exp = expected_packets(world, q, wqes, psn0)
+    assert len(got) == len(exp)
+    for (gm, gp), (em, ep) in zip(got, exp):
+        assert {k: gm[k] for k in em} == em
+        assert gp == ep
+    cq = [(c["wr_id"], c["status"], c["opcode"], c["byte_len"], c["cqn"]) for c in cqes_of(world, q)]
+    ecq = [(w["wr_id"], 0, wc_of(w["opcode"]),
+            8 if w["opcode"] in (5, 6) else w["length"], world.qps[q]["send_cq"])
+           for w in wqes if w["flags"] & SIG]
+    assert cq == ecq
+
+
+def check_error_sequence(world, q, wqes, bad, status):
+    """CQEs of a QP where WQE number bad fails with status: before it, successes of signaled WQEs
+    (possibly none) then flushes; bad gets status; after it, everything is flushed."""
+    cq = cqes_of(world, q)
+    i = 0
+    flushing = False
+    for j, w in enumerate(wqes):
+        if j < bad:
+            if not flushing and i < len(cq) and cq[i]["wr_id"] == w["wr_id"] and cq[i]["status"] == 0:
+                assert w["flags"] & SIG
+                i += 1
+                continue
+            if not flushing and not (w["flags"] & SIG) and not (i < len(cq) and cq[i]["wr_id"] == w["wr_id"]):
+                continue
+            flushing = True
+            assert cq[i]["wr_id"] == w["wr_id"] and cq[i]["status"] == S.WR_FLUSH_ERR.value, (j, cq[i])
+            i += 1
+        elif j == bad:
+            assert cq[i]["wr_id"] == w["wr_id"] and cq[i]["status"] == status.value, (j, cq[i])
+            i += 1
+        else:
+            assert cq[i]["wr_id"] == w["wr_id"] and cq[i]["status"] == S.WR_FLUSH_ERR.value, (j, cq[i])
+            i += 1
+    assert i == len(cq)
+    assert all(c["cqn"] == world.qps[q]["send_cq"] and c["byte_len"] == 0 for c in cq if c["status"])
+
+
+def random_wqes(world, rng, n, q, ops=None, flags_p=0.7):
+    out = []
+    for i in range(n):
+        op = rng.choice(ops or list(O))
+        local = GOOD["base"] + 0x1000 * q * 4 + rng.randrange(0, 0x3000)
+        if op in (O.ATOMIC_CMP_AND_SWP, O.ATOMIC_FETCH_AND_ADD):
+            length = 8
+        else:
+            length = rng.choice([0, 1, 7, 8, 100, 255, 256, 257, 511, 512, 700])
+        remote = 0x800000 + q * 0x10000 + i * 0x1000
+        flags = SIG if rng.random() < flags_p else 0
+        if rng.random() < 0.2:
+            flags |= SOL
+        out.append(wqe(op, length, flags, local=local if op not in (O.RDMA_READ, 5, 6) else
+                       GOOD["base"] + 0xC000 + q * 0x1000 + (i % 4) * 0x400 + (8 if op in (5, 6) else 0),
+                       remote=remote, imm=rng.getrandbits(32), cmp=rng.getrandbits(64) if rng.random() < 0.5 else 0,
+                       swap=rng.getrandbits(64), rkey=rng.getrandbits(32)))
+    # the last one signaled so that the test can wait for it
+    out[-1]["flags"] |= SIG
+    return out
+
+
+def setup_memory(world, rng):
+    world.fill(world.host, GOOD["base"], bytes(rng.getrandbits(8) for _ in range(0x10000)))
+    for q in range(4):
+        world.fill(world.remote, 0x800000 + q * 0x10000, bytes(rng.getrandbits(8) for _ in range(0x10000)))
+
+
+# ---------------------------------------------------------------------------------------
+# tests
+
+
+def mixed(seed, bp, n=12, qs=(0, 1, 2), psn0=0, cfg=CFG):
+    world = World(cfg, seed, bp=bp, ack_skip=0.5)
+    rng = random.Random(seed)
+    setup_memory(world, rng)
+    remote_before = dict(world.remote)
+    plan = {q: random_wqes(world, rng, n, q) for q in qs}
+    # reads target distinct local buffers: no overlap between READ destinations and WRITE sources
+    # (a READ result may land before a later WRITE is sent)
+    for q in qs:
+        for w in plan[q]:
+            if w["opcode"] in (0, 1, 2, 3):
+                w["local_addr"] = GOOD["base"] + 0x1000 * q * 3 + rng.randrange(0, 0x1000)
+    for q in qs:
+        psn = psn0
+        for w in plan[q]:
+            psn += 1 if w["opcode"] in (5, 6) else max(1, math.ceil(w["length"] / cfg.mtu))
+        world.final_psn[q] = (psn - 1) % (1 << 24)
+
+    async def script(ctx, world, event, wait):
+        for q in qs:
+            await event(q, formats.QpState.RTS.value, psn0)
+        for q in qs:
+            for k, w in enumerate(plan[q]):
+                world.post(q, w)
+                if k % 5 == 4 or k == len(plan[q]) - 1:
+                    world.ring(q)
+        need = sum(sum(1 for w in plan[q] if w["flags"] & SIG) for q in qs)
+        await wait(lambda: len(world.cqes) >= need)
+        for _ in range(50):
+            await ctx.tick()
+
+    run(world, script)
+    for q in qs:
+        check_success(world, q, plan[q], psn0)
+        assert world.max_reads_inflight.get(q, 0) <= 16
+    # memory effects, replayed per QP in order (the QPs use disjoint remote regions)
+    replay = dict(remote_before)
+    local_expect = {}
+    for q in qs:
+        for w in plan[q]:
+            op = w["opcode"]
+            if op in (0, 1):
+                for i in range(w["length"]):
+                    replay[w["remote_addr"] + i] = world.host.get(w["local_addr"] + i, 0)
+            elif op == 4:
+                for i in range(w["length"]):
+                    local_expect[w["local_addr"] + i] = replay.get(w["remote_addr"] + i, 0)
+            elif op in (5, 6):
+                orig = int.from_bytes(bytes(replay.get(w["remote_addr"] + i, 0) for i in range(8)), "little")
+                if op == 5:
+                    new = w["swap"] if orig == w["compare_add"] else orig
+                else:
+                    new = (orig + w["compare_add"]) % (1 << 64)
+                for i in range(8):
+                    replay[w["remote_addr"] + i] = (new >> (8 * i)) & 0xFF
+                    local_expect[w["local_addr"] + i] = (orig >> (8 * i)) & 0xFF
+    assert all(world.host.get(a, 0) == v for a, v in local_expect.items())
+    # every byte of the remote memory touched as the model says
+    assert all(world.remote.get(a, 0) == v for a, v in replay.items())
+    nmsg = {k: 0 for k in ("stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa")}
+    for q in qs:
+        for w in plan[q]:
+            nmsg[["stat_write", "stat_write", "stat_send", "stat_send", "stat_read", "stat_cas",
+                  "stat_faa"][w["opcode"]]] += 1
+    assert {k: world.stats[k] for k in nmsg} == nmsg
+    assert world.stats["stat_wqe_fetch"] == sum(len(plan[q]) for q in qs)
+    assert world.stats["stat_nak_rx"] == 0 and world.set_err == []
+    # the WQE reads hit the ring slots
+    assert sorted(world.wqe_reads) == sorted(
+        (world.qps[q]["sq_base"] + i * 64, 64) for q in qs for i in range(len(plan[q])))
+    return world
+
+
+def test_mixed_no_backpressure():
+    mixed(1, 0.0)
+
+
+def test_mixed_backpressure():
+    mixed(2, 0.4)
+
+
+def test_psn_wrap():
+    world = mixed(3, 0.2, n=8, qs=(1,), psn0=(1 << 24) - 5)
+    psns = [m["psn"] for _, q, m, _ in world.tx]
+    assert 0 in psns and (1 << 24) - 5 in psns
+
+
+def test_wide_datapath():
+    cfg = NicConfig(data_bytes=64, mtu=256, n_qps=4, n_mrs=4, n_cqs=4, max_outstanding=8)
+    mixed(4, 0.3, n=8, qs=(0, 3), cfg=cfg)
+
+
+def test_segmentation_every_opcode():
+    """Each opcode across the MTU boundary, one QP, all signaled."""
+    world = World(CFG, 5, bp=0.2)
+    rng = random.Random(5)
+    setup_memory(world, rng)
+    ws = []
+    for op in (O.RDMA_WRITE, O.RDMA_WRITE_WITH_IMM, O.SEND, O.SEND_WITH_IMM):
+        for ln in (0, 1, 256, 257, 768, 1000):
+            ws.append(wqe(op, ln, SIG | SOL, local=GOOD["base"] + 0x100, remote=0x800000, imm=0x1234 + ln))
+    rlocal = {ln: GOOD["base"] + 0x4000 + i * 0x800 for i, ln in enumerate((0, 1, 256, 257, 1000))}
+    for ln in (0, 1, 256, 257, 1000):
+        ws.append(wqe(O.RDMA_READ, ln, SIG, local=rlocal[ln], remote=0x810000 + ln))
+    ws.append(wqe(O.ATOMIC_CMP_AND_SWP, 8, SIG, local=GOOD["base"] + 0xF000, remote=0x820000,
+                  cmp=int.from_bytes(bytes(world.remote.get(0x820000 + i, 0) for i in range(8)), "little"),
+                  swap=0x1122334455667788))
+    ws.append(wqe(O.ATOMIC_FETCH_AND_ADD, 8, SIG, local=GOOD["base"] + 0xF008, remote=0x820000, cmp=5))
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 100)
+        for w in ws:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: len(world.cqes) >= len(ws))
+
+    world.final_psn[0] = None
+    run(world, script)
+    check_success(world, 0, ws, 100)
+    # CAS swapped, then FAA added 5 to the swapped value and returned it
+    assert int.from_bytes(world.get(world.remote, 0x820000, 8), "little") == 0x1122334455667788 + 5
+    assert int.from_bytes(world.get(world.host, GOOD["base"] + 0xF008, 8), "little") == 0x1122334455667788
+    for ln in (1, 256, 257, 1000):
+        assert world.get(world.host, rlocal[ln], ln) == world.get(world.remote, 0x810000 + ln, ln)
+    # the READ of 1000 bytes consumed 4 PSNs: the next request's PSN
+    reads = [m for _, _, m, _ in world.tx if m["opcode"] == B.READ_REQUEST.value]
+    assert reads[-1]["psn"] == reads[-2]["psn"] + 2
+    atom = [m for _, _, m, _ in world.tx if m["opcode"] == B.COMPARE_SWAP.value][0]
+    assert atom["psn"] == reads[-1]["psn"] + 4
+
+
+def test_unsignaled_and_coalesced_ack():
+    world = World(CFG, 6, bp=0.3, ack_skip=0.8)
+    rng = random.Random(6)
+    setup_memory(world, rng)
+    ws = [wqe(O.RDMA_WRITE, 300, SIG if i % 3 == 2 else 0, local=GOOD["base"], remote=0x800000) for i in range(9)]
+    world.final_psn[0] = 17
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for w in ws:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: len(world.cqes) >= 3)
+        for _ in range(200):
+            await ctx.tick()
+
+    run(world, script)
+    check_success(world, 0, ws)
+    assert len(world.cqes) == 3
+
+
+def test_fence_waits_for_read():
+    world = World(CFG, 7, bp=0.1, resp_lat=150)
+    rng = random.Random(7)
+    setup_memory(world, rng)
+    ws = [wqe(O.RDMA_READ, 300, SIG, local=GOOD["base"] + 0x8000, remote=0x800000),
+          wqe(O.RDMA_WRITE, 16, SIG, local=GOOD["base"], remote=0x801000),       # not fenced
+          wqe(O.RDMA_WRITE, 16, SIG | FENCE, local=GOOD["base"], remote=0x802000),
+          wqe(O.SEND, 16, SIG, local=GOOD["base"], remote=0)]
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for w in ws:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: len(world.cqes) >= 4)
+
+    world.final_psn[0] = None
+    run(world, script)
+    check_success(world, 0, ws)
+    t_tx = [t for t, _, _, _ in world.tx]
+    t_read_done = [t for t, m in world.rx_log if m["opcode"] == B.READ_RESPONSE_LAST.value][0]
+    assert t_tx[1] < t_read_done          # the unfenced WRITE went out under the READ
+    assert t_tx[2] > t_read_done          # the fenced one waited for the READ response
+
+
+def test_max_rd_atomic_limit():
+    qps = {q: qp_ctx(q, max_rd_atomic=2) for q in range(4)}
+    world = World(CFG, 8, bp=0.1, resp_lat=80, qps=qps)
+    rng = random.Random(8)
+    setup_memory(world, rng)
+    ws = [wqe(O.RDMA_READ, 100, SIG, local=GOOD["base"] + 0x8000 + 0x100 * i, remote=0x800000 + 0x100 * i)
+          for i in range(6)] + [wqe(O.ATOMIC_FETCH_AND_ADD, 8, SIG, local=GOOD["base"] + 0xF000, remote=0x800000, cmp=1)]
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for w in ws:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: len(world.cqes) >= len(ws))
+
+    world.final_psn[0] = None
+    run(world, script)
+    check_success(world, 0, ws)
+    assert world.max_reads_inflight[0] == 2
+
+
+def test_tracker_limit_and_ring_wrap():
+    """sq of 4 entries, posted in batches; max_outstanding 8 bounds unacknowledged messages."""
+    qps = {q: qp_ctx(q, sq_log_size=2) for q in range(4)}
+    world = World(CFG, 9, bp=0.2, resp_lat=60, qps=qps)
+    rng = random.Random(9)
+    setup_memory(world, rng)
+    ws = [wqe(O.SEND, 20 + i, SIG, local=GOOD["base"] + i, remote=0) for i in range(12)]
+
+    async def script(ctx, world, event, wait):
+        await event(2, formats.QpState.RTS.value, 7)
+        for b in range(3):
+            for w in ws[4 * b:4 * b + 4]:
+                world.post(2, w)
+            world.ring(2)
+            await wait(lambda: len(world.cqes) >= 4 * b + 4)
+
+    world.final_psn[2] = None
+    run(world, script)
+    check_success(world, 2, ws, 7)
+    assert [a for a, _ in world.wqe_reads] == [qps[2]["sq_base"] + 64 * (i % 4) for i in range(12)]
+
+
+def test_tracker_full():
+    world = World(CFG, 10, bp=0.0, resp_lat=400)
+    rng = random.Random(10)
+    setup_memory(world, rng)
+    ws = [wqe(O.RDMA_WRITE, 8, SIG, local=GOOD["base"], remote=0x800000) for i in range(12)]
+    seen = {}
+
+    async def script(ctx, world, event, wait):
+        await event(1, formats.QpState.RTS.value, 0)
+        for w in ws:
+            world.post(1, w)
+        world.ring(1)
+        await wait(lambda: len(world.tx) >= 8)
+        for _ in range(200):
+            await ctx.tick()
+        seen["tx"] = len(world.tx)          # no ACK yet: at most max_outstanding messages
+        await wait(lambda: len(world.cqes) >= 12)
+
+    world.final_psn[1] = None
+    run(world, script)
+    assert seen["tx"] == 8
+    check_success(world, 1, ws)
+
+
+@pytest.mark.parametrize("name,mk,status", [
+    ("bad_opcode", lambda: wqe(9, 16, SIG, local=GOOD["base"]), S.LOC_QP_OP_ERR),
+    ("atomic_len", lambda: wqe(O.ATOMIC_FETCH_AND_ADD, 4, SIG, local=GOOD["base"]), S.LOC_LEN_ERR),
+    ("bad_lkey_tag", lambda: wqe(O.RDMA_WRITE, 16, SIG, local=GOOD["base"], lkey=0x0156), S.LOC_PROT_ERR),
+    ("invalid_mr", lambda: wqe(O.RDMA_WRITE, 16, SIG, local=GOOD["base"], lkey=0x0011), S.LOC_PROT_ERR),
+    ("other_pd", lambda: wqe(O.SEND, 16, 0, local=MRS[3]["base"], lkey=MRS[3]["key"]), S.LOC_PROT_ERR),
+    ("below_mr", lambda: wqe(O.SEND, 16, SIG, local=GOOD["base"] - 1), S.LOC_PROT_ERR),
+    ("beyond_mr", lambda: wqe(O.RDMA_WRITE, 17, SIG, local=GOOD["base"] + 0x10000 - 16), S.LOC_PROT_ERR),
+    ("read_no_local_write", lambda: wqe(O.RDMA_READ, 16, SIG, local=MRS[2]["base"], lkey=MRS[2]["key"]),
+     S.LOC_PROT_ERR),
+    ("atomic_no_local_write", lambda: wqe(O.ATOMIC_CMP_AND_SWP, 8, SIG, local=MRS[2]["base"], lkey=MRS[2]["key"]),
+     S.LOC_PROT_ERR),
+])
+def test_local_errors(name, mk, status):
+    world = World(CFG, 11, bp=0.3)
+    rng = random.Random(11)
+    setup_memory(world, rng)
+    before = [wqe(O.RDMA_WRITE, 300, SIG if i != 1 else 0, local=GOOD["base"], remote=0x800000) for i in range(3)]
+    # a WRITE from a no-local-write MR is fine (the MR is only read); length 0 needs no lkey
+    before.append(wqe(O.SEND, 16, SIG, local=MRS[2]["base"], lkey=MRS[2]["key"]))
+    before.append(wqe(O.RDMA_WRITE, 0, SIG, local=0, lkey=0))
+    bad = mk()
+    after = [wqe(O.SEND, 8, SIG if i else 0, local=GOOD["base"]) for i in range(3)]
+    ws = before + [bad] + after
+    world.final_psn[0] = None
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for w in ws:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: any(c["wr_id"] == ws[-1]["wr_id"] for c in world.cqes))
+        for _ in range(100):
+            await ctx.tick()
+
+    run(world, script)
+    check_error_sequence(world, 0, ws, len(before), status)
+    assert world.set_err == [0]
+    assert len([p for p in world.tx]) == sum(max(1, math.ceil(w["length"] / 256)) for w in before)
+    # nothing more is sent once the QP is in error, and every WQE was fetched exactly once
+    assert world.stats["stat_wqe_fetch"] == len(ws)
+
+
+@pytest.mark.parametrize("syndrome,status,victim", [
+    (0x61, S.REM_INV_REQ_ERR, O.RDMA_WRITE), (0x62, S.REM_ACCESS_ERR, O.RDMA_READ),
+    (0x63, S.REM_OP_ERR, O.ATOMIC_CMP_AND_SWP), (0x20, S.RNR_RETRY_EXC_ERR, O.SEND),
+    (0x3F, S.RNR_RETRY_EXC_ERR, O.RDMA_WRITE_WITH_IMM), (0x60, S.RETRY_EXC_ERR, O.ATOMIC_FETCH_AND_ADD),
+    (0x62, S.REM_ACCESS_ERR, O.RDMA_WRITE), (0x61, S.REM_INV_REQ_ERR, O.RDMA_READ),
+])
+def test_nak(syndrome, status, victim):
+    world = World(CFG, 12, bp=0.3, naks={(0, 3): syndrome})
+    rng = random.Random(12)
+    setup_memory(world, rng)
+    ws = [wqe(O.RDMA_WRITE, 300, SIG, local=GOOD["base"], remote=0x800000),
+          wqe(O.RDMA_READ, 20, SIG, local=GOOD["base"] + 0x8000, remote=0x800000),
+          wqe(O.SEND, 10, 0, local=GOOD["base"]),
+          wqe(victim, 8, SIG if victim != O.RDMA_WRITE else 0, local=GOOD["base"] + 0x9000, remote=0x800100),
+          wqe(O.RDMA_WRITE, 600, SIG, local=GOOD["base"], remote=0x800000),
+          wqe(O.RDMA_READ, 8, 0, local=GOOD["base"] + 0xA000, remote=0x800000)]
+    world.final_psn[0] = None
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for w in ws[:4]:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: world.set_err)
+        # the context table confirms the error state; later posts are flushed too
+        await event(0, formats.QpState.ERR.value)
+        for w in ws[4:]:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: any(c["wr_id"] == ws[-1]["wr_id"] for c in world.cqes))
+        for _ in range(100):
+            await ctx.tick()
+
+    run(world, script)
+    cq = cqes_of(world, 0)
+    # deterministic: earlier messages were acknowledged before the NAK
+    assert [(c["wr_id"], c["status"]) for c in cq] == [
+        (ws[0]["wr_id"], 0), (ws[1]["wr_id"], 0), (ws[3]["wr_id"], status.value),
+        (ws[4]["wr_id"], S.WR_FLUSH_ERR.value), (ws[5]["wr_id"], S.WR_FLUSH_ERR.value)]
+    assert cq[2]["opcode"] == wc_of(victim)
+    assert world.set_err == [0]
+    assert world.stats["stat_nak_rx"] == 1
+    assert len(world.tx) == 4 + 1          # WRITE of 300 bytes is two packets
+
+
+def test_flush_on_err_event():
+    """WQEs posted while the QP is not yet RTS are flushed, in order, when it goes to ERR."""
+    world = World(CFG, 13, bp=0.3)
+    ws = [wqe(O.RDMA_WRITE, 10, 0, local=GOOD["base"]) for _ in range(5)] + [wqe(9, 0, 0)]
+    world.final_psn[0] = None
+
+    async def script(ctx, world, event, wait):
+        await event(3, formats.QpState.INIT.value, 0)
+        for w in ws:
+            world.post(3, w)
+        world.ring(3)
+        for _ in range(100):
+            await ctx.tick()
+        assert world.tx == [] and world.cqes == []
+        await event(3, formats.QpState.ERR.value)
+        await wait(lambda: len(world.cqes) >= len(ws))
+        for _ in range(50):
+            await ctx.tick()
+
+    run(world, script)
+    assert [(c["wr_id"], c["status"], c["qpn"], c["cqn"]) for c in world.cqes] == [
+        (w["wr_id"], S.WR_FLUSH_ERR.value, 3, world.qps[3]["send_cq"]) for w in ws]
+    assert world.set_err == []
+
+
+def test_flush_outstanding_on_err_event_then_reset():
+    """ERR while messages are outstanding: they and the unfetched ones are flushed; a reset
+    (RESET, then RTS with a new PSN) starts the queue again at index 0."""
+    world = World(CFG, 14, bp=0.2, resp_lat=300)
+    ws = [wqe(O.RDMA_WRITE, 10, SIG, local=GOOD["base"], remote=0x800000) for _ in range(10)]
+    ws2 = [wqe(O.SEND, 10, SIG, local=GOOD["base"]) for _ in range(2)]
+    world.final_psn[0] = None
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for w in ws:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: len(world.tx) >= 3)
+        await event(0, formats.QpState.ERR.value)
+        await wait(lambda: len(world.cqes) >= len(ws))
+        for _ in range(400):        # late ACKs are ignored
+            await ctx.tick()
+        n_tx = len(world.tx)
+        await event(0, formats.QpState.RESET.value)
+        await event(0, formats.QpState.RTS.value, 500)
+        world.posted[0] = []
+        for w in ws2:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: len(world.cqes) >= len(ws) + 2)
+        world.n_tx = n_tx
+
+    run(world, script)
+    assert all(c["status"] == S.WR_FLUSH_ERR.value for c in world.cqes[:len(ws)])
+    assert [c["wr_id"] for c in world.cqes] == [w["wr_id"] for w in ws + ws2]
+    assert all(c["status"] == 0 for c in world.cqes[len(ws):])
+    assert [m["psn"] for _, _, m, _ in world.tx[world.n_tx:]] == [500, 501]
+    assert world.wqe_reads[-2:] == [(world.qps[0]["sq_base"], 64), (world.qps[0]["sq_base"] + 64, 64)]
+
+
+def test_doorbell_overflow():
+    qps = {q: qp_ctx(q, sq_log_size=2) for q in range(4)}
+    world = World(CFG, 15, bp=0.2, qps=qps)
+    ws = [wqe(O.SEND, 4, SIG, local=GOOD["base"]) for _ in range(4)]
+    world.final_psn[1] = None
+
+    async def script(ctx, world, event, wait):
+        await event(1, formats.QpState.RTS.value, 0)
+        await event(2, formats.QpState.INIT.value, 0)
+        for w in ws:
+            world.post(1, w)
+        world.ring(1)
+        await wait(lambda: len(world.cqes) >= 4)
+        world.ring(2, 5)             # 5 > 4 entries
+        await wait(lambda: world.set_err)
+        for _ in range(50):
+            await ctx.tick()
+
+    run(world, script)
+    check_success(world, 1, ws)
+    assert world.stats["stat_db_reject"] == 1
+    assert world.set_err == [2]
+    assert cqes_of(world, 2) == []           # the rejected doorbell posted nothing
+
+
+def test_bad_cfg():
+    with pytest.raises(ValueError, match="cfg must be a NicConfig"):
+        Requester(None)
+
+
+def test_bad_responses_dropped():
+    """Responses that do not match the head message (ghost ACK, data beyond the buffer, wrong PSN,
+    atomic ACK for a READ) are ignored; the real response then completes the READ."""
+    world = World(CFG, 16, bp=0.3)
+    rng = random.Random(16)
+    setup_memory(world, rng)
+    dst = GOOD["base"] + 0x8000
+    world.fill(world.host, dst, bytes(300))
+    ws = [wqe(O.RDMA_WRITE, 40, SIG, local=GOOD["base"], remote=0x800000),
+          wqe(O.RDMA_READ, 100, SIG, local=dst, remote=0x801000)]
+    world.inject[(0, 1)] = [
+        (dict(opcode=B.READ_RESPONSE_ONLY.value, paylen=200), bytes([0xEE]) * 200),    # too long
+        (dict(opcode=B.ATOMIC_ACKNOWLEDGE.value, orig=0x5555), b""),                      # wrong kind
+        (dict(opcode=B.READ_RESPONSE_ONLY.value, paylen=100, psn=7), bytes([0xDD]) * 100),  # wrong PSN
+        (dict(opcode=B.ACKNOWLEDGE.value, psn=0xFFFFF0), b""),                            # old PSN
+    ]
+    world.final_psn[0] = None
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for w in ws:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: len(world.cqes) >= 2)
+        for _ in range(50):
+            await ctx.tick()
+
+    run(world, script)
+    check_success(world, 0, ws)
+    assert world.get(world.host, dst, 300) == world.get(world.remote, 0x801000, 100) + bytes(200)
+    assert world.set_err == []
