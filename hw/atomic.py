@@ -1,0 +1,121 @@
+"""Atomic execution unit of the RNIC responder.
+
+Models the memory side of the RC atomic operations of the InfiniBand Architecture
+Specification vol. 1 release 1.4, section 9.4.5 ("Atomic operations") and 9.7.4.1.4
+(responder execution of COMPARE_SWAP / FETCH_ADD): an 8-byte read-modify-write of a
+little-endian quadword in host memory, done through the NIC's DMA ports.
+
+* CAS (``op == 0``): read ``orig``; if ``orig == compare`` write ``swap_add``, otherwise
+  write nothing (a failed compare leaves memory untouched).
+* FAA (``op == 1``): read ``orig``; write ``(orig + swap_add) mod 2**64``.
+
+Either way the unit answers ``orig`` on its ``o`` stream.
+
+Atomicity: the unit executes **one operation at a time** (it accepts a new request only
+after the previous answer has been taken), and its DMA read and write are the only memory
+accesses it makes, so two atomics on the same address are serialized: the second one reads
+the value the first one wrote (the host memory model must keep a write visible to a later
+read on another port; see ``docs``). Atomicity against CPU accesses on the host is not
+modelled (IBA allows ``IBV_ATOMIC_HCA``: atomic only with respect to this HCA).
+
+Ports
+-----
+``i``: ``In(stream.Signature({op: 1, addr: 64, compare: 64, swap_add: 64}))``
+``o``: ``Out(stream.Signature({orig: 64}))``
+``dma_rd``: ``Out(DmaReadClient(data_bytes))`` (one 8-byte read per operation)
+``dma_wr``: ``Out(DmaWrite(data_bytes))`` (one 8-byte single-beat write, skipped for a failed CAS)
+"""
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .interfaces import DmaReadClient, DmaWrite
+
+__all__ = ["AtomicUnit", "ATOMIC_REQ", "ATOMIC_RESP", "ATOMIC_CAS", "ATOMIC_FAA", "ATOMIC_DMA_TAG"]
+
+ATOMIC_CAS = 0
+ATOMIC_FAA = 1
+#: DMA tag of the unit's reads
+ATOMIC_DMA_TAG = 3
+
+ATOMIC_REQ = data.StructLayout({"op": 1, "addr": 64, "compare": 64, "swap_add": 64})
+ATOMIC_RESP = data.StructLayout({"orig": 64})
+
+
+def check_data_bytes(data_bytes):
+    if (not isinstance(data_bytes, int) or isinstance(data_bytes, bool)
+            or not 8 <= data_bytes <= 64 or data_bytes & (data_bytes - 1)):
+        raise ValueError(f"data_bytes must be a power of two in [8, 64], not {data_bytes!r}")
+
+
+class AtomicUnit(wiring.Component):
+    """8-byte CAS / FAA through DMA, one operation at a time (see module docstring)."""
+
+    def __init__(self, data_bytes):
+        check_data_bytes(data_bytes)
+        self.data_bytes = data_bytes
+        super().__init__({
+            "i": In(stream.Signature(ATOMIC_REQ)),
+            "o": Out(stream.Signature(ATOMIC_RESP)),
+            "dma_rd": Out(DmaReadClient(data_bytes)),
+            "dma_wr": Out(DmaWrite(data_bytes)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.data_bytes
+
+        req = Signal(ATOMIC_REQ)
+        orig = Signal(64)
+        new = Signal(64)
+
+        m.d.comb += new.eq(req.swap_add)
+        with m.If(req.op == ATOMIC_FAA):
+            m.d.comb += new.eq((orig + req.swap_add)[:64])
+        do_write = (req.op == ATOMIC_FAA) | (orig == req.compare)
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.i.ready.eq(1)
+                with m.If(self.i.valid):
+                    m.d.sync += req.eq(self.i.payload)
+                    m.next = "READ_REQ"
+            with m.State("READ_REQ"):
+                m.d.comb += [
+                    self.dma_rd.req.valid.eq(1),
+                    self.dma_rd.req.payload.addr.eq(req.addr),
+                    self.dma_rd.req.payload.len.eq(8),
+                    self.dma_rd.req.payload.tag.eq(ATOMIC_DMA_TAG),
+                ]
+                with m.If(self.dma_rd.req.ready):
+                    m.next = "READ_DATA"
+            with m.State("READ_DATA"):
+                # an 8-byte read is a single beat for every data_bytes >= 8
+                m.d.comb += self.dma_rd.resp.ready.eq(1)
+                with m.If(self.dma_rd.resp.valid):
+                    m.d.sync += orig.eq(self.dma_rd.resp.payload.data[:64])
+                    with m.If(self.dma_rd.resp.payload.last):
+                        m.next = "WRITE"
+            with m.State("WRITE"):
+                with m.If(do_write):
+                    m.d.comb += [
+                        self.dma_wr.valid.eq(1),
+                        self.dma_wr.payload.addr.eq(req.addr),
+                        self.dma_wr.payload.len.eq(8),
+                        self.dma_wr.payload.data.eq(new),
+                        self.dma_wr.payload.nbytes.eq(8),
+                        self.dma_wr.payload.last.eq(1),
+                    ]
+                    with m.If(self.dma_wr.ready):
+                        m.next = "ANSWER"
+                with m.Else():
+                    m.next = "ANSWER"
+            with m.State("ANSWER"):
+                m.d.comb += [
+                    self.o.valid.eq(1),
+                    self.o.payload.orig.eq(orig),
+                ]
+                with m.If(self.o.ready):
+                    m.next = "IDLE"
+        return m

@@ -1,0 +1,868 @@
+"""Responder: every request opcode and every responder error against a Python model.
+
+The bench is one Amaranth testbench that, every cycle, answers the combinational QP/MR
+lookups from Python tables, drives the request packets, a host memory model (DMA reads with
+latency, DMA writes) and the sinks (tx, cqe, set_err) with optional random back-pressure,
+and records what the responder emits. ``Model`` is an independent Python description of the
+IBA responder behaviour (IBA vol. 1 rel. 1.4, 9.7); both must agree on the tx packets, CQEs,
+QP-error requests, NAK/drop pulses and on every byte of host memory.
+"""
+
+import copy
+import random
+
+import pytest
+from amaranth.sim import Simulator
+
+from hw.config import NicConfig
+from hw.formats import (BthOpcode as Op, AethSyndrome as Syn, Access, QpState, WcOpcode, WcStatus,
+                        PKT_META, RECV_WQE, MR_ENTRY, CQE, CQE_FLAG_IMM, pack, unpack)
+from hw.interfaces import QP_LOOKUP
+from hw.regmap import QP_CTX, mkey_index
+from hw.responder import Responder, RNR_TIMER
+
+CFG = NicConfig(data_bytes=8, mtu=256, n_qps=4, n_mrs=4, n_cqs=4)
+NODE = 7
+MEM_SIZE = 0x4000
+M24 = (1 << 24) - 1
+M64 = (1 << 64) - 1
+ALL = 0xF
+RNR = Syn.RNR_NAK.value | RNR_TIMER
+ACK = Syn.ACK.value
+
+
+def lint(layout, fields):
+    return int.from_bytes(pack(layout, **fields), "little")
+
+
+def ldict(layout, value):
+    return unpack(layout, int(value).to_bytes((layout.size + 7) // 8, "little"))
+
+
+def qp_int(entry):
+    return (lint(QP_CTX, entry["ctx"]) << QP_LOOKUP["ctx"].offset) | (
+        entry["state"].value << QP_LOOKUP["state"].offset)
+
+
+# ---------------------------------------------------------------------------------------
+# default tables
+
+def default_qps():
+    qps = []
+    for q in range(4):
+        ctx = dict(sq_base=0, rq_base=0x3000 + 0x100 * q, sq_log_size=3, rq_log_size=3,
+                   send_cq=0, recv_cq=q + 1, pd=1, dest_qpn=0x100 + q, dest_node=10 + q,
+                   access=Access.REMOTE_WRITE.value | Access.REMOTE_READ.value | Access.REMOTE_ATOMIC.value,
+                   max_rd_atomic=4)
+        qps.append({"ctx": ctx, "state": QpState.RESET})
+    # QP 2 grants remote READ only
+    qps[2]["ctx"]["access"] = Access.REMOTE_READ.value
+    return qps
+
+
+K0, K1, K2, K3 = 0x00000011, 0xAB000122, 0x00000233, 0x00000344
+
+
+def default_mrs():
+    return [
+        dict(base=0x0000, length=0x1000, key=K0, pd=1, access=ALL, valid=1),
+        dict(base=0x1000, length=0x0800, key=K1, pd=1, access=Access.REMOTE_READ.value, valid=1),
+        dict(base=0x1800, length=0x0800, key=K2, pd=2, access=ALL, valid=1),
+        dict(base=0x2000, length=0x1000, key=K3, pd=1, access=ALL, valid=0),
+    ]
+
+
+def init_mem(seed=99):
+    return bytearray(random.Random(seed).randbytes(MEM_SIZE))
+
+
+# ---------------------------------------------------------------------------------------
+# items: what the test feeds to the responder, in order
+
+def meta(op, q, psn, paylen=0, ackreq=0, va=0, rkey=0, dma_len=0, compare=0, swap_add=0, imm=0):
+    d = {name: 0 for name, _ in PKT_META}
+    d.update(opcode=op.value if hasattr(op, "value") else op, src_node=(10 + q) & 0xFF, dst_node=NODE,
+             dest_qpn=q, psn=psn & M24, ackreq=ackreq, va=va, rkey=rkey, dma_len=dma_len,
+             compare=compare, swap_add=swap_add, imm=imm, paylen=paylen, udp_sport=0xC123)
+    return d
+
+
+def pkt(op, q, psn, payload=b"", **kw):
+    return ("pkt", meta(op, q, psn, paylen=len(payload), **kw), bytes(payload))
+
+
+def event(q, state, rq_psn, sq_psn=0, race=False):
+    """A modify-QP event; ``race``: issue it while the previous packet is still in flight."""
+    return ("event", q, state, sq_psn, rq_psn) + (("race",) if race else ())
+
+
+def post(q, slot, wr_id, addr, length, lkey, new_pi, rq_base=None):
+    """Host writes a receive WQE in ring slot ``slot`` and rings the RQ doorbell with new_pi."""
+    base = (0x3000 + 0x100 * q) if rq_base is None else rq_base
+    raw = pack(RECV_WQE, wr_id=wr_id, addr=addr, length=length, lkey=lkey)
+    return ("db", q, new_pi, [(base + 32 * slot, raw)])
+
+
+def msg(kind, q, psn, data, mtu=256, imm=None, ackreq=1, va=0, rkey=0):
+    """Split a SEND / WRITE message into packets (FIRST/MIDDLE/LAST or ONLY)."""
+    chunks = [data[i:i + mtu] for i in range(0, len(data), mtu)] or [b""]
+    n = len(chunks)
+    out = []
+    for i, c in enumerate(chunks):
+        first, last = i == 0, i == n - 1
+        suffix = ("ONLY" if first else "LAST") if last else ("FIRST" if first else "MIDDLE")
+        name = f"{kind}_{suffix}" + ("_IMM" if last and imm is not None else "")
+        kw = dict(ackreq=ackreq if last else 0, imm=imm or 0)
+        if kind == "WRITE" and first:
+            kw.update(va=va, rkey=rkey, dma_len=len(data))
+        out.append(pkt(Op[name], q, psn + i, c, **kw))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# the reference model
+
+class Model:
+    def __init__(self, cfg, qps, mrs, mem):
+        self.cfg, self.qps, self.mrs, self.mem = cfg, copy.deepcopy(qps), mrs, mem
+        n = cfg.n_qps
+        self.st = [self._fresh(0) for _ in range(n)]
+        self.pi = [0] * n
+        self.tx, self.cqes, self.errs = [], [], []
+        self.naks = self.drops = 0
+
+    @staticmethod
+    def _fresh(rq_psn):
+        return dict(epsn=rq_psn, msn=0, ci=0, inprog=None, va=0, rem=0, count=0, wr_id=0)
+
+    # -- helpers
+    def resp(self, q, **f):
+        ctx = self.qps[q]["ctx"]
+        d = {name: 0 for name, _ in PKT_META}
+        d.update(src_node=NODE, dst_node=ctx["dest_node"], dest_qpn=ctx["dest_qpn"],
+                 udp_sport=0xC000 | (q & 0x3FFF))
+        d.update(f)
+        return d
+
+    def nak(self, q, m, syn, fatal, psn=None):
+        st = self.st[q]
+        self.tx.append((self.resp(q, opcode=Op.ACKNOWLEDGE.value, psn=m["psn"] if psn is None else psn,
+                                  syndrome=syn, msn=st["msn"]), b""))
+        self.naks += 1
+        if fatal:
+            self.errs.append(q)
+            self.qps[q]["state"] = QpState.ERR
+
+    def cqe(self, q, status, opcode, byte_len, wr_id, imm=None):
+        ctx = self.qps[q]["ctx"]
+        d = {name: 0 for name, _ in CQE}
+        d.update(wr_id=wr_id, status=status.value, opcode=opcode.value, byte_len=byte_len,
+                 imm=imm or 0, qpn=q, src_qpn=ctx["dest_qpn"], flags=CQE_FLAG_IMM if imm is not None else 0)
+        d["cqn"] = ctx["recv_cq"]
+        self.cqes.append(d)
+
+    def mr_ok(self, q, key, right, va, length, remote=True):
+        ctx = self.qps[q]["ctx"]
+        e = self.mrs[mkey_index(key, self.cfg.n_mrs)]
+        ok = (e["valid"] and e["key"] == key and e["pd"] == ctx["pd"] and e["access"] & right
+              and va >= e["base"] and va + length <= e["base"] + e["length"])
+        if remote:
+            ok = ok and bool(ctx["access"] & right)
+        return bool(ok)
+
+    def fetch_wqe(self, q):
+        ctx, st = self.qps[q]["ctx"], self.st[q]
+        a = ctx["rq_base"] + (st["ci"] % (1 << ctx["rq_log_size"])) * 32
+        st["ci"] = (st["ci"] + 1) & 0xFFFF
+        return unpack(RECV_WQE, self.mem[a:a + 32])
+
+    def commit(self, q, m, last):
+        st = self.st[q]
+        st["epsn"] = (st["epsn"] + 1) & M24
+        st["msn"] = (st["msn"] + last) & M24
+        if m["ackreq"]:
+            self.tx.append((self.resp(q, opcode=Op.ACKNOWLEDGE.value, psn=m["psn"], syndrome=ACK,
+                                      msn=st["msn"]), b""))
+
+    # -- items
+    def item(self, it):
+        kind = it[0]
+        if kind == "event":
+            q, state, rq_psn = it[1], it[2], it[4]
+            self.qps[q]["state"] = state
+            self.st[q] = self._fresh(rq_psn)
+        elif kind == "db":
+            _, q, pi_, writes = it
+            for a, raw in writes:
+                self.mem[a:a + len(raw)] = raw
+            self.pi[q] = pi_
+        else:
+            self.packet(it[1], it[2])
+
+    def packet(self, m, payload):
+        cfg = self.cfg
+        mtu = cfg.mtu
+        q = m["dest_qpn"]
+        if q >= cfg.n_qps or self.qps[q]["state"] not in (QpState.RTR, QpState.RTS):
+            self.drops += 1
+            return
+        st = self.st[q]
+        if m["psn"] != st["epsn"]:
+            return self.nak(q, m, Syn.NAK_PSN_SEQ_ERR.value, False, psn=st["epsn"])
+        try:
+            op = Op(m["opcode"])
+        except ValueError:
+            op = None
+        name = op.name if op else ""
+        pl = m["paylen"]
+        is_send = name.startswith("SEND_")
+        is_write = name.startswith("WRITE_")
+        starts = name in ("SEND_FIRST", "SEND_ONLY", "SEND_ONLY_IMM", "WRITE_FIRST", "WRITE_ONLY",
+                          "WRITE_ONLY_IMM", "READ_REQUEST", "COMPARE_SWAP", "FETCH_ADD")
+        cont = (is_send or is_write) and not starts
+        last = "LAST" in name or "ONLY" in name
+        full = name in ("SEND_FIRST", "SEND_MIDDLE", "WRITE_FIRST", "WRITE_MIDDLE")
+        imm = m["imm"] if name.endswith("_IMM") else None
+        noload = name in ("READ_REQUEST", "COMPARE_SWAP", "FETCH_ADD")
+        known = starts or cont
+        if st["inprog"] == "SEND":
+            seq_ok = is_send and cont
+        elif st["inprog"] == "WRITE":
+            seq_ok = is_write and cont
+        else:
+            seq_ok = not cont
+        len_ok = pl <= mtu and (not full or pl == mtu) and (not noload or pl == 0)
+        if not (known and seq_ok and len_ok):
+            return self.nak(q, m, Syn.NAK_INV_REQ.value, True)
+
+        if is_write:
+            wimm = name.endswith("_IMM")
+            va = m["va"] if starts else st["va"]
+            rem = m["dma_len"] if starts else st["rem"]
+            if starts and m["dma_len"] and not self.mr_ok(q, m["rkey"], Access.REMOTE_WRITE.value,
+                                                          m["va"], m["dma_len"]):
+                return self.nak(q, m, Syn.NAK_REM_ACCESS_ERR.value, True)
+            if pl > rem or (last and pl != rem):
+                return self.nak(q, m, Syn.NAK_INV_REQ.value, True)
+            if wimm and st["ci"] == self.pi[q]:
+                return self.nak(q, m, RNR, False)
+            self.mem[va:va + pl] = payload
+            if starts:
+                st["count"] = m["dma_len"]
+            st["va"], st["rem"] = va + pl, rem - pl
+            st["inprog"] = None if last else "WRITE"
+            if wimm:
+                w = self.fetch_wqe(q)
+                self.cqe(q, WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM, st["count"], w["wr_id"], imm)
+            return self.commit(q, m, last)
+
+        if is_send:
+            if starts:
+                if st["ci"] == self.pi[q]:
+                    return self.nak(q, m, RNR, False)
+                w = self.fetch_wqe(q)
+                if w["length"] and not self.mr_ok(q, w["lkey"], Access.LOCAL_WRITE.value, w["addr"],
+                                                  w["length"], remote=False):
+                    self.cqe(q, WcStatus.LOC_PROT_ERR, WcOpcode.RECV, 0, w["wr_id"])
+                    return self.nak(q, m, Syn.NAK_REM_OP_ERR.value, True)
+                st.update(va=w["addr"], rem=w["length"], count=0, wr_id=w["wr_id"])
+            if pl > st["rem"]:
+                self.cqe(q, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, st["wr_id"])
+                return self.nak(q, m, Syn.NAK_INV_REQ.value, True)
+            self.mem[st["va"]:st["va"] + pl] = payload
+            st["va"] += pl
+            st["rem"] -= pl
+            st["count"] += pl
+            st["inprog"] = None if last else "SEND"
+            if last:
+                self.cqe(q, WcStatus.SUCCESS, WcOpcode.RECV, st["count"], st["wr_id"], imm)
+            return self.commit(q, m, last)
+
+        if op == Op.READ_REQUEST:
+            n_bytes = m["dma_len"]
+            if n_bytes and not self.mr_ok(q, m["rkey"], Access.REMOTE_READ.value, m["va"], n_bytes):
+                return self.nak(q, m, Syn.NAK_REM_ACCESS_ERR.value, True)
+            st["msn"] = (st["msn"] + 1) & M24
+            n = max(1, -(-n_bytes // mtu))
+            for i in range(n):
+                chunk = min(mtu, n_bytes - i * mtu)
+                a = m["va"] + i * mtu
+                if n == 1:
+                    o = Op.READ_RESPONSE_ONLY
+                elif i == 0:
+                    o = Op.READ_RESPONSE_FIRST
+                elif i == n - 1:
+                    o = Op.READ_RESPONSE_LAST
+                else:
+                    o = Op.READ_RESPONSE_MIDDLE
+                aeth = o != Op.READ_RESPONSE_MIDDLE
+                self.tx.append((self.resp(q, opcode=o.value, psn=(m["psn"] + i) & M24, paylen=chunk,
+                                          syndrome=ACK if aeth else 0, msn=st["msn"] if aeth else 0),
+                                bytes(self.mem[a:a + chunk])))
+            st["epsn"] = (m["psn"] + n) & M24
+            return
+
+        # atomics
+        va = m["va"]
+        if va & 7:
+            return self.nak(q, m, Syn.NAK_INV_REQ.value, True)
+        if not self.mr_ok(q, m["rkey"], Access.REMOTE_ATOMIC.value, va, 8):
+            return self.nak(q, m, Syn.NAK_REM_ACCESS_ERR.value, True)
+        orig = int.from_bytes(self.mem[va:va + 8], "little")
+        if op == Op.FETCH_ADD:
+            self.mem[va:va + 8] = ((orig + m["swap_add"]) & M64).to_bytes(8, "little")
+        elif orig == m["compare"]:
+            self.mem[va:va + 8] = m["swap_add"].to_bytes(8, "little")
+        st["epsn"] = (st["epsn"] + 1) & M24
+        st["msn"] = (st["msn"] + 1) & M24
+        self.tx.append((self.resp(q, opcode=Op.ATOMIC_ACKNOWLEDGE.value, psn=m["psn"], syndrome=ACK,
+                                  msn=st["msn"], orig=orig), b""))
+
+
+# ---------------------------------------------------------------------------------------
+# the simulation bench
+
+def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000):
+    rng = random.Random(seed)
+    dut = Responder(cfg)
+    W = cfg.data_bytes
+    qps = copy.deepcopy(qps)
+    mr_ints = [lint(MR_ENTRY, e) for e in mrs]
+    out = dict(tx=[], cqes=[], errs=[], naks=0, drops=0, mem=mem, cycles=0)
+
+    def p(x):
+        return rng.random() < x if bp else True
+
+    async def tb(ctx):
+        todo = list(items)
+        rx_beats = []          # (data, nbytes, last)
+        presented = False      # head packet's beats already queued
+        rd = []                # [ready_cycle, data, nbytes, last, tag]
+        wr = None
+        tx_open = None         # [meta, expected paylen, bytes]
+        cyc = quiet = 0
+        ctx.set(dut.node_id, NODE)
+        while True:
+            # combinational lookups (the indices depend on registers only)
+            ctx.set(dut.qp.data.as_value(), qp_int(qps[ctx.get(dut.qp.index)]))
+            ctx.set(dut.mr.data.as_value(), mr_ints[ctx.get(dut.mr.index)])
+            # sources
+            head = todo[0] if todo else None
+            meta_v = ev_v = db_v = False
+            if head is not None and head[0] == "pkt":
+                if not presented:
+                    data = head[2]
+                    for off in range(0, len(data), W):
+                        c = data[off:off + W]
+                        rx_beats.append((int.from_bytes(c, "little"), len(c), off + W >= len(data)))
+                    presented = True
+                meta_v = p(0.7)
+                ctx.set(dut.rx.meta.payload.as_value(), lint(PKT_META, head[1]))
+            elif head is not None and head[0] == "event":
+                # a modify-QP is issued once the packets before it are fully processed (the
+                # model is sequential; an event overtaking an in-flight packet is a race)
+                ev_v = (quiet >= 12 or len(head) > 5) and p(0.7)
+                ctx.set(dut.qp_event.payload, {"qpn": head[1], "state": head[2], "sq_psn": head[3],
+                                               "rq_psn": head[4]})
+            elif head is not None and head[0] == "db":
+                db_v = p(0.7)
+                ctx.set(dut.rq_db.payload, {"qpn": head[1], "pi": head[2]})
+            ctx.set(dut.rx.meta.valid, meta_v)
+            ctx.set(dut.qp_event.valid, ev_v)
+            ctx.set(dut.rq_db.valid, db_v)
+            beat_v = bool(rx_beats) and p(0.7)
+            ctx.set(dut.rx.payload.valid, beat_v)
+            if rx_beats:
+                ctx.set(dut.rx.payload.payload, dict(zip(("data", "nbytes", "last"), rx_beats[0])))
+            rd_v = bool(rd) and rd[0][0] <= cyc and p(0.7)
+            ctx.set(dut.dma_rd.resp.valid, rd_v)
+            if rd:
+                ctx.set(dut.dma_rd.resp.payload, dict(zip(("data", "nbytes", "last", "tag"), rd[0][1:])))
+            # sinks
+            for s in (dut.dma_rd.req, dut.dma_wr, dut.tx.meta, dut.tx.payload, dut.cqe, dut.set_err):
+                ctx.set(s.ready, p(0.6))
+
+            # sample transfers
+            busy = bool(rd) or bool(rx_beats) or wr is not None or tx_open is not None
+            if meta_v and ctx.get(dut.rx.meta.ready):
+                todo.pop(0)
+                presented = False
+                busy = True
+            if ev_v:
+                assert ctx.get(dut.qp_event.ready), "qp_event must always be ready"
+                qps[head[1]]["state"] = head[2]
+                todo.pop(0)
+                busy = True
+            if db_v:
+                assert ctx.get(dut.rq_db.ready)
+                for a, raw in head[3]:
+                    mem[a:a + len(raw)] = raw
+                todo.pop(0)
+            if beat_v and ctx.get(dut.rx.payload.ready):
+                rx_beats.pop(0)
+            if ctx.get(dut.dma_rd.req.valid) and ctx.get(dut.dma_rd.req.ready):
+                r = ctx.get(dut.dma_rd.req.payload)
+                assert 0 < r.len <= 65535
+                raw = bytes(mem[r.addr:r.addr + r.len])
+                t = cyc + (rng.randint(1, 8) if bp else 2)
+                for off in range(0, r.len, W):
+                    c = raw[off:off + W]
+                    rd.append([t, int.from_bytes(c, "little"), len(c), off + W >= r.len, r.tag])
+            if rd_v and ctx.get(dut.dma_rd.resp.ready):
+                rd.pop(0)
+            if ctx.get(dut.dma_wr.valid) and ctx.get(dut.dma_wr.ready):
+                b = ctx.get(dut.dma_wr.payload)
+                if wr is None:
+                    assert 0 < b.len <= 65535
+                    wr = [b.addr, b.len, b""]
+                assert b.last or b.nbytes == W
+                wr[2] += int(b.data).to_bytes(W, "little")[:b.nbytes]
+                if b.last:
+                    assert len(wr[2]) == wr[1], "DMA write length differs from its beats"
+                    mem[wr[0]:wr[0] + wr[1]] = wr[2]
+                    wr = None
+            if ctx.get(dut.tx.meta.valid) and ctx.get(dut.tx.meta.ready):
+                assert tx_open is None, "tx meta before the previous payload ended"
+                md = ldict(PKT_META, ctx.get(dut.tx.meta.payload.as_value()))
+                entry = [md, b""]
+                out["tx"].append(entry)
+                if md["paylen"]:
+                    tx_open = entry
+                busy = True
+            if ctx.get(dut.tx.payload.valid) and ctx.get(dut.tx.payload.ready):
+                assert tx_open is not None, "tx payload beat without meta"
+                b = ctx.get(dut.tx.payload.payload)
+                assert b.last or b.nbytes == W
+                tx_open[1] += int(b.data).to_bytes(W, "little")[:b.nbytes]
+                if b.last:
+                    assert len(tx_open[1]) == tx_open[0]["paylen"]
+                    tx_open = None
+            if ctx.get(dut.cqe.valid) and ctx.get(dut.cqe.ready):
+                d = ldict(CQE, ctx.get(dut.cqe.payload.cqe.as_value()))
+                d["cqn"] = ctx.get(dut.cqe.payload.cqn)
+                out["cqes"].append(d)
+                busy = True
+            if ctx.get(dut.set_err.valid) and ctx.get(dut.set_err.ready):
+                qn = ctx.get(dut.set_err.payload.qpn)
+                out["errs"].append(qn)
+                qps[qn]["state"] = QpState.ERR       # what the context table does
+                busy = True
+            out["naks"] += ctx.get(dut.stat_nak)
+            out["drops"] += ctx.get(dut.stat_drop)
+            quiet = 0 if busy else quiet + 1
+            if not todo and quiet > 40:
+                break
+            assert cyc < max_cycles, "simulation did not finish"
+            await ctx.tick()
+            cyc += 1
+        out["cycles"] = cyc
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    out["tx"] = [(m, bytes(b)) for m, b in out["tx"]]
+    return out
+
+
+def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None):
+    """Simulate and model ``items``; assert they agree; return the simulation's results."""
+    qps = default_qps() if qps is None else qps
+    mrs = default_mrs() if mrs is None else mrs
+    mem0 = init_mem() if mem is None else mem
+    model = Model(cfg, qps, mrs, bytearray(mem0))
+    for it in items:
+        model.item(it)
+    got = simulate(cfg, items, qps, mrs, bytearray(mem0), bp=bp, seed=seed)
+    assert len(got["tx"]) == len(model.tx)
+    for i, (g, e) in enumerate(zip(got["tx"], model.tx)):
+        assert g == e, f"tx packet {i}"
+    assert got["cqes"] == model.cqes
+    assert got["errs"] == model.errs
+    assert got["naks"] == model.naks
+    assert got["drops"] == model.drops
+    if got["mem"] != model.mem:
+        diff = [hex(i) for i in range(MEM_SIZE) if got["mem"][i] != model.mem[i]]
+        raise AssertionError(f"memory differs at {diff[:16]}")
+    got["mem0"] = mem0
+    return got
+
+
+def naks(out):
+    return [(m["psn"], m["syndrome"]) for m, _ in out["tx"] if m["opcode"] == Op.ACKNOWLEDGE.value
+            and m["syndrome"] != ACK]
+
+
+def changed(out):
+    return [i for i in range(MEM_SIZE) if out["mem"][i] != out["mem0"][i]]
+
+
+def rnd(n, seed):
+    return random.Random(seed).randbytes(n)
+
+
+# ---------------------------------------------------------------------------------------
+# directed tests
+
+def ops_ok_items():
+    items = [event(0, QpState.RTS, 100), event(1, QpState.RTR, 0xFFFFFE)]
+    items += [post(0, 0, 0xA0, 0x800, 128, K0, 1), post(0, 1, 0xA1, 0x900, 1024, K0, 3)]
+    items[-1][3].append((0x3000 + 64, pack(RECV_WQE, wr_id=0xA2, addr=0, length=0, lkey=0)))  # slot 2
+    items += [post(1, 0, 0xB0, 0xE00, 0x100, K0, 1)]
+    psn = 100
+    items += [pkt(Op.WRITE_ONLY, 0, psn, rnd(40, 1), ackreq=1, va=0x40, rkey=K0, dma_len=40)]
+    psn += 1
+    w = msg("WRITE", 0, psn, rnd(600, 2), va=0x105, rkey=K0)                     # 3 packets
+    items += w
+    psn += len(w)
+    items += [pkt(Op.WRITE_ONLY, 0, psn, b"", ackreq=1, va=0, rkey=0xDEAD, dma_len=0)]  # no key check
+    psn += 1
+    items += [pkt(Op.SEND_ONLY, 0, psn, rnd(100, 3), ackreq=1)]                # -> wr 0xA0
+    psn += 1
+    s = msg("SEND", 0, psn, rnd(700, 4), imm=0x12345678)                        # -> wr 0xA1
+    items += s
+    psn += len(s)
+    items += [pkt(Op.WRITE_ONLY_IMM, 0, psn, rnd(16, 5), ackreq=0, va=0x4A0, rkey=K0, dma_len=16,
+                  imm=0xCAFEF00D)]                                              # -> wr 0xA2
+    psn += 1
+    items += [pkt(Op.READ_REQUEST, 0, psn, va=0x1003, rkey=K1, dma_len=600)]    # 3 responses
+    psn += 3
+    items += [pkt(Op.READ_REQUEST, 0, psn, va=0, rkey=0, dma_len=0)]            # ONLY, empty
+    psn += 1
+    items += [pkt(Op.READ_REQUEST, 0, psn, va=0x1100, rkey=K1, dma_len=8, ackreq=1)]
+    psn += 1
+    items += [pkt(Op.COMPARE_SWAP, 0, psn, va=0x400, rkey=K0, compare=0x1111, swap_add=5)]  # fails
+    psn += 1
+    items += [pkt(Op.FETCH_ADD, 0, psn, va=0x400, rkey=K0, swap_add=M64)]       # wraps
+    psn += 1
+    items += [pkt(Op.COMPARE_SWAP, 0, psn, va=0xFF8, rkey=K0, compare=0, swap_add=7)]
+    psn += 1
+    # QP 1 in RTR, PSNs wrap around 2**24
+    items += [post(1, 1, 0xB1, 0, 0, 0, 2)]
+    items += [pkt(Op.SEND_ONLY_IMM, 1, 0xFFFFFE, rnd(10, 6), imm=0x55, ackreq=1)]     # -> wr 0xB0
+    items += msg("WRITE", 1, 0xFFFFFF, rnd(300, 7), imm=0x66, va=0x600, rkey=K0)      # -> wr 0xB1
+    items += [pkt(Op.READ_REQUEST, 1, 1, va=0xA00, rkey=K0, dma_len=256)]
+    return items
+
+
+@pytest.mark.parametrize("bp", [False, True])
+def test_every_opcode_succeeds(bp):
+    mem = init_mem()
+    mem[0x400:0x408] = (0x10).to_bytes(8, "little")
+    mem[0xFF8:0x1000] = (0).to_bytes(8, "little")
+    items = ops_ok_items()
+    out = run(items, bp=bp, seed=1, mem=mem)
+    m = out["mem"]
+    assert out["errs"] == [] and out["drops"] == 0 and out["naks"] == 0
+    pk = {it[1]["psn"]: it for it in items if it[0] == "pkt" and it[1]["dest_qpn"] == 0}
+    assert m[0x40:0x68] == pk[100][2]
+    assert m[0x105:0x105 + 600] == b"".join(pk[p][2] for p in (101, 102, 103))
+    assert m[0x800:0x800 + 100] == pk[105][2]
+    assert m[0x900:0x900 + 700] == b"".join(pk[p][2] for p in (106, 107, 108))
+    assert m[0x4A0:0x4B0] == pk[109][2]
+    assert int.from_bytes(m[0x400:0x408], "little") == 0xF            # 0x10 + (2**64 - 1)
+    assert int.from_bytes(m[0xFF8:0x1000], "little") == 7             # CAS 0 -> 7
+    tx = [(Op(t["opcode"]).name, t["psn"], t["syndrome"], t["msn"]) for t, _ in out["tx"]
+          if t["dest_qpn"] == 0x100]
+    assert tx == [
+        ("ACKNOWLEDGE", 100, ACK, 1), ("ACKNOWLEDGE", 103, ACK, 2), ("ACKNOWLEDGE", 104, ACK, 3),
+        ("ACKNOWLEDGE", 105, ACK, 4), ("ACKNOWLEDGE", 108, ACK, 5),
+        ("READ_RESPONSE_FIRST", 110, ACK, 7), ("READ_RESPONSE_MIDDLE", 111, 0, 0),
+        ("READ_RESPONSE_LAST", 112, ACK, 7), ("READ_RESPONSE_ONLY", 113, ACK, 8),
+        ("READ_RESPONSE_ONLY", 114, ACK, 9), ("ATOMIC_ACKNOWLEDGE", 115, ACK, 10),
+        ("ATOMIC_ACKNOWLEDGE", 116, ACK, 11), ("ATOMIC_ACKNOWLEDGE", 117, ACK, 12),
+    ]
+    reads = [b for t, b in out["tx"] if t["dest_qpn"] == 0x100 and t["paylen"]]
+    assert b"".join(reads[:3]) == out["mem0"][0x1003:0x1003 + 600]
+    origs = [t["orig"] for t, _ in out["tx"] if t["opcode"] == Op.ATOMIC_ACKNOWLEDGE.value]
+    assert origs == [0x10, 0x10, 0]
+    assert all(t["udp_sport"] == 0xC000 and t["src_node"] == NODE and t["dst_node"] == 10
+               for t, _ in out["tx"] if t["dest_qpn"] == 0x100)
+    cq = [(c["cqn"], c["wr_id"], c["opcode"], c["status"], c["byte_len"], c["imm"], c["flags"], c["qpn"],
+           c["src_qpn"]) for c in out["cqes"]]
+    assert cq == [
+        (1, 0xA0, WcOpcode.RECV.value, 0, 100, 0, 0, 0, 0x100),
+        (1, 0xA1, WcOpcode.RECV.value, 0, 700, 0x12345678, CQE_FLAG_IMM, 0, 0x100),
+        (1, 0xA2, WcOpcode.RECV_RDMA_WITH_IMM.value, 0, 16, 0xCAFEF00D, CQE_FLAG_IMM, 0, 0x100),
+        (2, 0xB0, WcOpcode.RECV.value, 0, 10, 0x55, CQE_FLAG_IMM, 1, 0x101),
+        (2, 0xB1, WcOpcode.RECV_RDMA_WITH_IMM.value, 0, 300, 0x66, CQE_FLAG_IMM, 1, 0x101),
+    ]
+    q1 = [(Op(t["opcode"]).name, t["psn"], t["syndrome"], t["msn"]) for t, _ in out["tx"]
+          if t["dest_qpn"] == 0x101]
+    assert q1 == [("ACKNOWLEDGE", 0xFFFFFE, ACK, 1), ("ACKNOWLEDGE", 0, ACK, 2),
+                  ("READ_RESPONSE_ONLY", 1, ACK, 3)]
+    # bytes outside every written range are unchanged
+    written = set(range(0x40, 0x68)) | set(range(0x105, 0x105 + 600)) | set(range(0x800, 0x800 + 100)) \
+        | set(range(0x900, 0x900 + 700)) | set(range(0x4A0, 0x4B0)) | set(range(0x400, 0x408)) \
+        | set(range(0xFF8, 0x1000)) | set(range(0x600, 0x600 + 300)) | set(range(0xE00, 0xE0A)) \
+        | set(range(0x3000, 0x3400))  # receive WQEs written by the host
+    assert set(changed(out)) <= written
+
+
+@pytest.mark.parametrize("data_bytes", [64, 16])
+def test_every_opcode_succeeds_wide(data_bytes):
+    cfg = NicConfig(data_bytes=data_bytes, mtu=256, n_qps=4, n_mrs=4, n_cqs=4)
+    out = run(ops_ok_items(), cfg=cfg, bp=True, seed=5)
+    assert out["naks"] == 0 and out["errs"] == [] and len(out["cqes"]) == 5
+
+
+def with_resets(q, cases, probe=True):
+    """For each case: reset QP q to RTS at PSN 10*i, run the case's packets, then (after a
+    fatal error) probe with a WRITE_ONLY that must be dropped because the QP is in ERR."""
+    items = []
+    for i, case in enumerate(cases):
+        psn = 10 * (i + 1)
+        items.append(event(q, QpState.RTS, psn))
+        for it in case(psn):
+            items.append(it)
+        if probe:
+            items.append(pkt(Op.WRITE_ONLY, q, psn + 5, b"\x01", va=0, rkey=K0, dma_len=1))
+    return items
+
+
+def wr(psn, q=0, va=0x40, rkey=K0, n=8, dma_len=None, payload=None):
+    data = rnd(n, psn) if payload is None else payload
+    return [pkt(Op.WRITE_ONLY, q, psn, data, ackreq=1, va=va, rkey=rkey,
+                dma_len=len(data) if dma_len is None else dma_len)]
+
+
+def test_write_errors():
+    cases = [
+        lambda p: wr(p, rkey=K0 ^ 0x3),                       # wrong rkey (tag bits)
+        lambda p: wr(p, va=0xFF8, n=9),                       # one byte beyond the end of the MR
+        lambda p: wr(p, va=M64 - 7, n=16, dma_len=16),        # va + len wraps around 2**64
+        lambda p: wr(p, va=0x1000, rkey=K1),                  # MR without REMOTE_WRITE
+        lambda p: wr(p, va=0x1800, rkey=K2),                  # MR of another PD
+        lambda p: wr(p, va=0x2000, rkey=K3),                  # MR not valid
+        lambda p: wr(p, n=20, dma_len=16),                    # more payload than dma_len
+        lambda p: wr(p, n=8, dma_len=16),                     # ONLY with less payload than dma_len
+        lambda p: [pkt(Op.WRITE_FIRST, 0, p, rnd(256, 1), va=0x500, rkey=K0, dma_len=300),
+                   pkt(Op.WRITE_LAST, 0, p + 1, rnd(100, 2), ackreq=1)],   # 100 > 44 left
+        lambda p: [pkt(Op.WRITE_MIDDLE, 0, p, rnd(256, 3))],  # MIDDLE without FIRST
+        lambda p: [pkt(Op.WRITE_FIRST, 0, p, rnd(100, 4), va=0x500, rkey=K0, dma_len=300)],  # FIRST != MTU
+    ]
+    items = with_resets(0, cases)
+    # QP 2 does not grant REMOTE_WRITE
+    items += [event(2, QpState.RTS, 7)] + wr(7, q=2)
+    out = run(items, bp=True, seed=2)
+    exp = [(10, 0x62), (20, 0x62), (30, 0x62), (40, 0x62), (50, 0x62), (60, 0x62), (70, 0x61),
+           (80, 0x61), (91, 0x61), (100, 0x61), (110, 0x61), (7, 0x62)]
+    assert naks(out) == exp
+    assert out["errs"] == [0] * 11 + [2]
+    assert out["drops"] == 11                                  # every probe found the QP in ERR
+    assert out["cqes"] == []
+    # only the first packet of the 300-byte WRITE reached memory
+    assert changed(out) == [i for i in range(0x500, 0x600) if out["mem0"][i] != out["mem"][i]]
+    assert out["mem"][0x500:0x600] == rnd(256, 1)
+
+
+def test_read_and_atomic_errors():
+    mrs = default_mrs()
+    mrs[3].update(valid=1, access=ALL & ~Access.REMOTE_READ.value)    # no REMOTE_READ
+    qps = default_qps()
+    qps[3]["ctx"]["access"] = Access.REMOTE_WRITE.value               # QP 3 grants no READ/atomic
+
+    def rd(p, va=0, rkey=K0, n=16, q=0, payload=b""):
+        return [pkt(Op.READ_REQUEST, q, p, payload, va=va, rkey=rkey, dma_len=n)]
+
+    def at(p, op=Op.FETCH_ADD, va=0x400, rkey=K0, q=0):
+        return [pkt(op, q, p, va=va, rkey=rkey, compare=1, swap_add=1)]
+
+    cases = [
+        lambda p: rd(p, rkey=K0 + 1),                          # wrong rkey
+        lambda p: rd(p, va=0xFF8, n=9),                        # one byte beyond the MR
+        lambda p: rd(p, va=0xFFF, n=8, rkey=K1),               # one byte below MR1
+        lambda p: rd(p, va=0x2000, rkey=K3),                   # MR without REMOTE_READ
+        lambda p: rd(p, va=0x1800, rkey=K2),                   # other PD
+        lambda p: rd(p, payload=b"12345678"),                  # READ request with payload
+        lambda p: at(p, va=0x404),                             # misaligned FAA
+        lambda p: at(p, op=Op.COMPARE_SWAP, va=0x401),         # misaligned CAS
+        lambda p: at(p, va=0x1000, rkey=K1),                   # MR without REMOTE_ATOMIC
+        lambda p: at(p, op=Op.COMPARE_SWAP, va=0x1000),        # 8 bytes outside MR0
+        lambda p: at(p, va=0x1800, rkey=K2),                   # other PD
+    ]
+    items = with_resets(0, cases, probe=False)
+    items += [event(3, QpState.RTS, 3)] + rd(3, q=3) + [event(3, QpState.RTS, 4)] + at(4, q=3)
+    items += [event(2, QpState.RTS, 5)] + at(5, q=2)           # QP 2: READ only
+    items += rd(6, q=2, va=0x100, n=8)                         # dropped: QP 2 is in ERR now
+    out = run(items, qps=qps, mrs=mrs, bp=True, seed=3)
+    assert naks(out) == [(10, 0x62), (20, 0x62), (30, 0x62), (40, 0x62), (50, 0x62), (60, 0x61),
+                         (70, 0x61), (80, 0x61), (90, 0x62), (100, 0x62), (110, 0x62),
+                         (3, 0x62), (4, 0x62), (5, 0x62)]
+    assert out["errs"] == [0] * 11 + [3, 3, 2]
+    assert out["drops"] == 1
+    assert changed(out) == []                                  # no memory touched
+
+
+def test_receive_errors():
+    def send_only(p, n, **kw):
+        return [pkt(Op.SEND_ONLY, 0, p, rnd(n, p), ackreq=1, **kw)]
+
+    def wimm(p):
+        return [pkt(Op.WRITE_ONLY_IMM, 0, p, rnd(8, 9), ackreq=1, va=0x40, rkey=K0, dma_len=8, imm=3)]
+
+    # after each reset the driver restarts its receive ring: producer index 0, then slot 0
+    empty = ("db", 0, 0, [])
+    cases = [
+        lambda p: [empty] + send_only(p, 100) + [post(0, 0, 0x1, 0x800, 128, K0, 1)] + send_only(p, 100),
+        lambda p: [empty] + wimm(p) + [post(0, 0, 0x2, 0, 0, 0, 1)] + wimm(p),     # RNR, retry
+        lambda p: [post(0, 0, 0x3, 0x800, 64, K0, 1)] + send_only(p, 100),        # message too long
+        lambda p: [post(0, 0, 0x4, 0x800, 300, K0, 1)] + msg("SEND", 0, p, rnd(600, 4)),
+        lambda p: [post(0, 0, 0x5, 0x800, 128, K0 ^ 0x80, 1)] + send_only(p, 10),  # bad lkey
+        lambda p: [post(0, 0, 0x6, 0x1000, 128, K1, 1)] + send_only(p, 10),        # no LOCAL_WRITE
+        lambda p: [post(0, 0, 0x7, 0xFC0, 128, K0, 1)] + send_only(p, 10),         # beyond the MR
+        lambda p: [post(0, 0, 0x8, 0x1800, 128, K2, 1)] + send_only(p, 10),        # other PD
+        lambda p: [post(0, 0, 0x9, 0x800, 128, K0, 1)] + send_only(p, 0),          # ok, empty SEND
+    ]
+    items = with_resets(0, cases, probe=False)
+    out = run(items, bp=True, seed=4)
+    assert naks(out) == [(10, RNR), (20, RNR), (30, 0x61), (41, 0x61), (50, 0x63), (60, 0x63),
+                         (70, 0x63), (80, 0x63)]
+    assert out["errs"] == [0] * 6
+    acks = [m["psn"] for m, _ in out["tx"] if m["syndrome"] == ACK]
+    assert acks == [10, 20, 90]
+    cq = [(c["wr_id"], c["status"], c["opcode"], c["byte_len"]) for c in out["cqes"]]
+    assert cq == [(1, 0, WcOpcode.RECV.value, 100), (2, 0, WcOpcode.RECV_RDMA_WITH_IMM.value, 8),
+                  (3, WcStatus.LOC_LEN_ERR.value, WcOpcode.RECV.value, 0),
+                  (4, WcStatus.LOC_LEN_ERR.value, WcOpcode.RECV.value, 0),
+                  (5, WcStatus.LOC_PROT_ERR.value, WcOpcode.RECV.value, 0),
+                  (6, WcStatus.LOC_PROT_ERR.value, WcOpcode.RECV.value, 0),
+                  (7, WcStatus.LOC_PROT_ERR.value, WcOpcode.RECV.value, 0),
+                  (8, WcStatus.LOC_PROT_ERR.value, WcOpcode.RECV.value, 0),
+                  (9, 0, WcOpcode.RECV.value, 0)]
+    # memory: the retried SEND (0x800..0x864), the WRITE_IMM (0x40..0x48), the first 256 bytes of
+    # the too-long multi-packet SEND at 0x800 (overwrites the first SEND's bytes)
+    ok = set(range(0x800, 0x900)) | set(range(0x40, 0x48)) | set(range(0x3000, 0x3020))
+    assert set(changed(out)) <= ok
+    assert out["mem"][0x800:0x900] == rnd(600, 4)[:256]
+
+
+def test_drops_psn_and_opcode_errors():
+    items = [event(0, QpState.RTS, 50), event(1, QpState.RTS, 0)]
+    items += [pkt(Op.WRITE_ONLY, 4, 0, b"x", va=0, rkey=K0, dma_len=1)]            # QPN not local
+    items += [pkt(Op.WRITE_ONLY, 0x800001, 0, b"x", va=0, rkey=K0, dma_len=1)]     # not local either
+    items += [pkt(Op.WRITE_ONLY, 3, 0, b"x", va=0, rkey=K0, dma_len=1)]            # QP 3 in RESET
+    items += [event(3, QpState.INIT, 0), pkt(Op.READ_REQUEST, 3, 0, va=0, rkey=K0, dma_len=8)]
+    items += [event(3, QpState.ERR, 0), pkt(Op.SEND_ONLY, 3, 0, rnd(300 - 44, 1))]
+    items += [pkt(Op.WRITE_ONLY, 0, 52, b"y" * 9, ackreq=1, va=0, rkey=K0, dma_len=9)]  # ahead
+    items += [pkt(Op.WRITE_ONLY, 0, 49, b"y" * 9, ackreq=1, va=0, rkey=K0, dma_len=9)]  # duplicate
+    items += [pkt(Op.WRITE_ONLY, 0, 50, b"z" * 9, ackreq=1, va=0, rkey=K0, dma_len=9)]  # expected
+    # opcode errors on QP 1 (each followed by a reset)
+    bad = [pkt(0x15, 1, 0), pkt(0x1F, 1, 0, b"abc"), pkt(Op.ACKNOWLEDGE, 1, 0),
+           pkt(Op.READ_RESPONSE_ONLY, 1, 0, rnd(40, 2)), pkt(Op.SEND_MIDDLE, 1, 0, rnd(256, 3)),
+           pkt(Op.SEND_LAST, 1, 0, rnd(10, 3)), pkt(Op.WRITE_LAST_IMM, 1, 0, rnd(10, 3)),
+           pkt(Op.SEND_ONLY, 1, 0, rnd(257, 5))]                                     # > MTU
+    for b in bad:
+        items += [b, event(1, QpState.RTS, 0)]
+    # a new message while a SEND is in progress
+    items += [post(1, 0, 0x11, 0x800, 1024, K0, 1), pkt(Op.SEND_FIRST, 1, 0, rnd(256, 6)),
+              pkt(Op.WRITE_ONLY, 1, 1, b"q", va=0, rkey=K0, dma_len=1)]
+    out = run(items, bp=True, seed=6)
+    assert out["drops"] == 5
+    assert naks(out) == [(50, 0x60), (50, 0x60)] + [(0, 0x61)] * 8 + [(1, 0x61)]
+    assert out["errs"] == [1] * 9
+    assert [m["psn"] for m, _ in out["tx"] if m["syndrome"] == ACK] == [50]
+    assert out["mem"][0:9] == b"z" * 9
+    assert set(changed(out)) <= set(range(0, 9)) | set(range(0x800, 0x900)) | set(range(0x3100, 0x3120))
+
+
+def test_qp_event_resets_state():
+    items = [event(0, QpState.RTS, 10), post(0, 0, 0x1, 0x800, 1024, K0, 1),
+             pkt(Op.SEND_FIRST, 0, 10, rnd(256, 1)),
+             pkt(Op.WRITE_ONLY, 0, 11, b"a", ackreq=1, va=0, rkey=K0, dma_len=1),  # invalid: in a SEND
+             event(0, QpState.RTS, 500),
+             pkt(Op.SEND_MIDDLE, 0, 500, rnd(256, 2)),                              # no SEND in progress
+             event(0, QpState.RTR, 600),
+             pkt(Op.WRITE_ONLY, 0, 600, b"b", ackreq=1, va=1, rkey=K0, dma_len=1),  # ACK with MSN 1
+             pkt(Op.WRITE_ONLY, 0, 601, b"c", ackreq=1, va=2, rkey=K0, dma_len=1)]  # MSN 2
+    out = run(items, bp=False)
+    assert naks(out) == [(11, 0x61), (500, 0x61)]
+    assert [(m["psn"], m["msn"]) for m, _ in out["tx"] if m["syndrome"] == ACK] == [(600, 1), (601, 2)]
+
+
+@pytest.mark.parametrize("bp", [False, True])
+def test_qp_event_during_packet_cancels_write_back(bp):
+    """An event for the QP of the packet in flight wins over that packet's state write-back."""
+    items = [event(0, QpState.RTS, 10), event(1, QpState.RTS, 20),
+             pkt(Op.WRITE_ONLY, 0, 10, rnd(64, 1), ackreq=1, va=0x40, rkey=K0, dma_len=64),
+             event(0, QpState.RTS, 100, race=True),
+             pkt(Op.WRITE_ONLY, 0, 100, rnd(8, 2), ackreq=1, va=0x100, rkey=K0, dma_len=8),
+             # an event for another QP does not cancel anything
+             pkt(Op.WRITE_ONLY, 1, 20, rnd(64, 3), ackreq=1, va=0x200, rkey=K0, dma_len=64),
+             event(0, QpState.RTS, 200, race=True),
+             pkt(Op.WRITE_ONLY, 1, 21, rnd(8, 4), ackreq=1, va=0x300, rkey=K0, dma_len=8)]
+    out = run(items, bp=bp, seed=8)
+    acks = [(m["dest_qpn"], m["psn"], m["syndrome"], m["msn"]) for m, _ in out["tx"]]
+    assert acks == [(0x100, 10, ACK, 1), (0x100, 100, ACK, 1), (0x101, 20, ACK, 1), (0x101, 21, ACK, 2)]
+
+
+# ---------------------------------------------------------------------------------------
+# random traffic against the model
+
+def random_items(rng, n_ops, cfg=CFG):
+    qps, mrs = default_qps(), default_mrs()
+    model = Model(cfg, qps, mrs, init_mem())
+    items = []
+    mtu = cfg.mtu
+
+    def add(it):
+        items.append(it)
+        model.item(it)
+
+    for q in range(4):
+        add(event(q, QpState.RTS, rng.choice([0, M24 - 2, rng.randrange(1 << 24)])))
+    for _ in range(n_ops):
+        q = rng.randrange(4)
+        st = model.st[q]
+        if model.qps[q]["state"] == QpState.ERR or rng.random() < 0.02:
+            add(event(q, QpState.RTS, rng.randrange(1 << 24)))
+            continue
+        if rng.random() < 0.3 and (model.pi[q] - st["ci"]) % 65536 < 8:
+            pi_ = model.pi[q]
+            lkey = K0 if rng.random() < 0.9 else rng.choice([K1, K2, K0 ^ 1])
+            add(post(q, pi_ % 8, rng.getrandbits(64), 0x800 + rng.randrange(0x200),
+                     rng.choice([0, 64, 300, 600, 0x400]), lkey, (pi_ + 1) % 65536))
+        psn = st["epsn"] if rng.random() < 0.93 else rng.randrange(1 << 24)
+        kind = rng.choice(["write", "write", "write_imm", "send", "send", "read", "atomic", "bad"])
+        good_key = rng.random() < 0.9
+        if kind in ("write", "write_imm"):
+            n = rng.choice([0, 1, 8, 13, mtu, mtu + 1, 2 * mtu + 7])
+            va = rng.randrange(0x600 - n) if good_key else rng.choice([0xFFF, 0x1000])
+            for it in msg("WRITE", q, psn, rnd(n, rng.random()), mtu=mtu, va=va, rkey=K0 if good_key else K1,
+                          imm=rng.getrandbits(32) if kind == "write_imm" else None,
+                          ackreq=rng.randrange(2)):
+                add(it)
+        elif kind == "send":
+            n = rng.choice([0, 5, mtu, mtu + 3, 3 * mtu])
+            for it in msg("SEND", q, psn, rnd(n, rng.random()), mtu=mtu,
+                          imm=rng.getrandbits(32) if rng.random() < 0.3 else None, ackreq=rng.randrange(2)):
+                add(it)
+        elif kind == "read":
+            n = rng.choice([0, 1, 8, mtu, mtu + 1, 3 * mtu - 1])
+            key, base = (K0, 0) if rng.random() < 0.5 else (K1, 0x1000)
+            va = base + rng.randrange(0x800 - n) if good_key else base + 0x800 - n // 2
+            add(pkt(Op.READ_REQUEST, q, psn, va=va, rkey=key, dma_len=n))
+        elif kind == "atomic":
+            va = 0x600 + 8 * rng.randrange(4) + (0 if rng.random() < 0.9 else 4)
+            op = rng.choice([Op.COMPARE_SWAP, Op.FETCH_ADD])
+            cur = int.from_bytes(model.mem[va:va + 8], "little")
+            add(pkt(op, q, psn, va=va, rkey=K0 if good_key else K1,
+                    compare=cur if rng.random() < 0.5 else rng.getrandbits(64), swap_add=rng.getrandbits(64)))
+        else:
+            add(pkt(rng.choice([0x15, 0x40, Op.ACKNOWLEDGE.value, Op.SEND_MIDDLE.value]), q, psn,
+                    rnd(rng.choice([0, 8, 20]), 1)))
+    return items
+
+
+@pytest.mark.parametrize("seed,bp", [(10, True), (11, False), (12, True)])
+def test_random_traffic(seed, bp):
+    rng = random.Random(seed)
+    items = random_items(rng, 70)
+    out = run(items, bp=bp, seed=seed)
+    kinds = {Op(m["opcode"]).name for m, _ in out["tx"]}
+    assert "ACKNOWLEDGE" in kinds and len(out["tx"]) > 20
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="cfg must be a hw.config.NicConfig"):
+        Responder({"data_bytes": 8})
