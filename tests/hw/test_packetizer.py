@@ -168,3 +168,243 @@ def test_packetizer_bad_width():
         Packetizer(12)
     with pytest.raises(ValueError, match=r"data_bytes must be a power of two in \[8, 64\], not 128"):
         Packetizer(128)
+
+
+# ---------------------------------------------------------------------------- depacketizer
+
+import struct  # noqa: E402
+
+from hw.depacketizer import Depacketizer  # noqa: E402
+
+
+def rebuild(frame_wo_icrc):
+    """Fix IPv4/UDP lengths, IPv4 checksum and ICRC of a frame given without its ICRC."""
+    f = bytearray(frame_wo_icrc) + bytes(4)
+    f[16:18] = struct.pack("!H", len(f) - 14)
+    f[38:40] = struct.pack("!H", len(f) - 34)
+    f[24:26] = b"\0\0"
+    f[24:26] = struct.pack("!H", roce._ip_checksum(bytes(f[14:34])))
+    f[-4:] = roce.icrc(f).to_bytes(4, "little")
+    return bytes(f)
+
+
+def fix_crc(f):
+    f = bytearray(f)
+    f[-4:] = roce.icrc(f).to_bytes(4, "little")
+    return bytes(f)
+
+
+def set_bytes(frame, off, val, fix_ip=True):
+    f = bytearray(frame)
+    f[off:off + len(val)] = val
+    if fix_ip:
+        f[24:26] = b"\0\0"
+        f[24:26] = struct.pack("!H", roce._ip_checksum(bytes(f[14:34])))
+    return fix_crc(f)
+
+
+def malformed_frames(rng):
+    """(name, beats or frame) of every malformed kind, each with a correct ICRC."""
+    def enc(op, n=0):
+        meta, payload = random_case(rng, op, 0)
+        payload = rng.randbytes(n)
+        return roce.encode(dict(meta, paylen=n), payload)
+    send = enc(BthOpcode.SEND_ONLY, 20)
+    out = [
+        ("ethertype", set_bytes(send, 12, b"\x86\xdd")),
+        ("version", set_bytes(send, 14, b"\x46")),
+        ("protocol", set_bytes(send, 23, b"\x06")),
+        ("ip checksum", set_bytes(send, 24, b"\x12\x34", fix_ip=False)),
+        ("dport", set_bytes(send, 36, b"\x12\xb8")),
+        ("ip length", set_bytes(send, 16, struct.pack("!H", len(send) - 13))),
+        ("udp length", set_bytes(send, 38, struct.pack("!H", len(send) - 33))),
+        ("opcode 0x15", set_bytes(send, 42, b"\x15")),
+        ("opcode CNP", set_bytes(send, 42, b"\x81")),
+        ("tver", set_bytes(send, 43, bytes([send[43] | 1]))),
+        ("short for RETH", rebuild(set_bytes(send, 42, b"\x0a")[:54 + 12])),
+        ("short for AtomicETH", rebuild(set_bytes(send, 42, b"\x13")[:54 + 24])),
+        ("pad > payload", rebuild(set_bytes(enc(BthOpcode.SEND_ONLY, 0), 43, b"\x20")[:-4]
+                                  + b"\0")),
+        ("pad on ACK", rebuild(set_bytes(enc(BthOpcode.ACKNOWLEDGE), 43, b"\x10")[:-4]
+                               + b"\0")),
+        ("payload on READ_REQUEST", rebuild(enc(BthOpcode.READ_REQUEST)[:-4] + b"abcd")),
+        ("payload on FETCH_ADD", rebuild(enc(BthOpcode.FETCH_ADD)[:-4] + b"abcd")),
+        ("payload on ATOMIC_ACK", rebuild(enc(BthOpcode.ATOMIC_ACKNOWLEDGE)[:-4] + b"abcd")),
+        ("too short", send[:50]),
+        ("too long", enc(BthOpcode.SEND_ONLY, 300)),
+    ]
+    return out
+
+
+def icrc_frames(rng, n):
+    masked = {15, 22, 24, 25, 40, 41, 46}
+    out = []
+    for _ in range(n):
+        meta, payload = random_case(rng, rng.choice(list(BthOpcode)), 200)
+        f = bytearray(roce.encode(meta, payload))
+        off = rng.choice([o for o in range(14, len(f)) if o not in masked])
+        f[off] ^= 1 << rng.randrange(8)
+        out.append((f"flip@{off}", bytes(f)))
+    return out
+
+
+def run_depacketizer(w, items, seed, max_frame_bytes=256, p_idle=0.3):
+    """items: (frame bytes or explicit beat list). Returns (packets out, stats)."""
+    dut = Depacketizer(w, max_frame_bytes)
+    rng = random.Random(seed)
+    n_ok = sum(1 for it in items if isinstance(it, bytes)
+               and roce.classify(it, max_frame_bytes) == "ok")
+    got, stats = [], []
+    done = []
+
+    async def in_tb(ctx):
+        for it in items:
+            for beat in (beats_of(it, w) if isinstance(it, bytes) else it):
+                await put(ctx, dut.i, beat, rng, p_idle)
+        done.append(1)
+
+    async def stat_tb(ctx):
+        while True:
+            _, _, ok, ic, mf, nb = await ctx.tick().sample(
+                dut.stat_ok, dut.stat_icrc, dut.stat_malformed, dut.stat_bytes)
+            assert ok + ic + mf <= 1
+            if ok or ic or mf:
+                stats.append(("ok" if ok else "icrc" if ic else "malformed", nb))
+
+    async def out_tb(ctx):
+        for _ in range(n_ok):
+            meta = await get(ctx, dut.o.meta, rng, p_idle)
+            meta = {name: int(getattr(meta, name)) for name, _ in PKT_META}
+            payload = b""
+            if meta["paylen"]:
+                while True:
+                    beat = await get(ctx, dut.o.payload, rng, p_idle)
+                    assert 1 <= beat.nbytes <= w
+                    payload += beat.data.to_bytes(w, "little")[:beat.nbytes]
+                    if beat.last:
+                        break
+                    assert beat.nbytes == w
+            got.append((meta, payload))
+        # nothing else comes out, every input is consumed
+        ctx.set(dut.o.meta.ready, 1)
+        ctx.set(dut.o.payload.ready, 1)
+        for _ in range(200):
+            _, _, mv, pv = await ctx.tick().sample(dut.o.meta.valid, dut.o.payload.valid)
+            assert not mv and not pv
+        assert done
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(in_tb, background=True)
+    sim.add_testbench(stat_tb, background=True)
+    sim.add_testbench(out_tb)
+    sim.run()
+    return got, stats
+
+
+def check_depacketizer(w, frames, seed, max_frame_bytes=256):
+    got, stats = run_depacketizer(w, frames, seed, max_frame_bytes)
+    expect = [roce.decode(f) for f in frames if roce.classify(f, max_frame_bytes) == "ok"]
+    assert len(got) == len(expect)
+    for (m, p), (em, ep, _) in zip(got, expect):
+        assert m == em and p == ep
+    assert stats == [(roce.classify(f, max_frame_bytes), min(len(f), 65535)) for f in frames]
+
+
+def test_depacketizer_good_w8():
+    rng = random.Random(11)
+    frames = [roce.encode(*random_case(rng, op, 150)) for op in BthOpcode for _ in range(2)]
+    check_depacketizer(8, frames, 12)
+
+
+def test_depacketizer_good_w64():
+    rng = random.Random(13)
+    frames = [roce.encode(*random_case(rng, op, 150)) for op in BthOpcode]
+    check_depacketizer(64, frames, 14)
+
+
+def test_depacketizer_drops_w8():
+    rng = random.Random(15)
+    frames = []
+    kinds = malformed_frames(rng) + icrc_frames(rng, 25)
+    for name, bad in kinds:
+        want = "icrc" if name.startswith("flip") else "malformed"
+        assert roce.classify(bad, 256) == want, name
+        frames.append(bad)
+        frames.append(roce.encode(*random_case(rng, rng.choice(list(BthOpcode)), 60)))
+    check_depacketizer(8, frames, 16)
+
+
+def test_depacketizer_drops_w64():
+    rng = random.Random(17)
+    frames = []
+    for name, bad in malformed_frames(rng) + icrc_frames(rng, 6):
+        frames.append(bad)
+        frames.append(roce.encode(*random_case(rng, rng.choice(list(BthOpcode)), 60)))
+    check_depacketizer(64, frames, 18)
+
+
+def test_depacketizer_bad_beats():
+    """Malformed beat structure (empty beat, short beat in the middle) and giant frames."""
+    w = 8
+    rng = random.Random(19)
+    good = [roce.encode(*random_case(rng, BthOpcode.SEND_ONLY, 40)) for _ in range(4)]
+    b0 = beats_of(good[0], w)
+    mid_short = b0[:3] + [dict(b0[3], nbytes=5)] + b0[4:]
+    empty = b0[:2] + [dict(b0[2], nbytes=0)] + b0[2:]
+    giant = [{"data": rng.getrandbits(64), "nbytes": 8, "last": 0} for _ in range(8192)]
+    giant.append({"data": 0, "nbytes": 3, "last": 1})
+    items = [mid_short, good[1], empty, good[2], giant, good[3]]
+    got, stats = run_depacketizer(w, items, 20, p_idle=0.1)
+    assert [p for _, p in got] == [roce.decode(f)[1] for f in good[1:]]
+    assert stats == [("malformed", len(good[0]) - 3), ("ok", len(good[1])),
+                     ("malformed", len(good[0])), ("ok", len(good[2])),
+                     ("malformed", 65535), ("ok", len(good[3]))]
+
+
+def test_roundtrip_w8():
+    """depacketizer(packetizer(x)) == x with back-pressure on both ends."""
+    w = 8
+    rng = random.Random(21)
+    cases = [random_case(rng, op, 300) for op in BthOpcode for _ in range(2)]
+    top = Module()
+    top.submodules.tx = tx = Packetizer(w)
+    top.submodules.rx = rx = Depacketizer(w)
+    wiring.connect(top, tx.o, rx.i)
+    got = []
+
+    async def meta_tb(ctx):
+        for meta, _ in cases:
+            await put(ctx, tx.i.meta, meta_value(meta), rng, 0.3)
+
+    async def pay_tb(ctx):
+        for _, payload in cases:
+            for beat in beats_of(payload, w):
+                await put(ctx, tx.i.payload, beat, rng, 0.3)
+
+    async def out_tb(ctx):
+        for _ in cases:
+            meta = await get(ctx, rx.o.meta, rng, 0.3)
+            meta = {name: int(getattr(meta, name)) for name, _ in PKT_META}
+            payload = b""
+            for _ in range(-(-meta["paylen"] // w)):
+                beat = await get(ctx, rx.o.payload, rng, 0.3)
+                payload += beat.data.to_bytes(w, "little")[:beat.nbytes]
+            got.append((meta, payload))
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(meta_tb, background=True)
+    sim.add_testbench(pay_tb, background=True)
+    sim.add_testbench(out_tb)
+    sim.run()
+    assert got == [(roce.normalize(meta, payload), payload) for meta, payload in cases]
+
+
+def test_depacketizer_bad_params():
+    with pytest.raises(ValueError, match=r"data_bytes must be a power of two in \[8, 64\], not 3"):
+        Depacketizer(3)
+    with pytest.raises(ValueError, match=r"max_frame_bytes must be an integer in \[128, 65535\], not 64"):
+        Depacketizer(8, 64)
+    with pytest.raises(ValueError, match=r"max_frame_bytes must be an integer in \[128, 65535\], not 70000"):
+        Depacketizer(8, 70000)
