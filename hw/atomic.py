@@ -1,9 +1,9 @@
 """Atomic execution unit of the RNIC responder.
 
 Models the memory side of the RC atomic operations of the InfiniBand Architecture
-Specification vol. 1 release 1.4, section 9.4.5 ("Atomic operations") and 9.7.4.1.4
-(responder execution of COMPARE_SWAP / FETCH_ADD): an 8-byte read-modify-write of a
-little-endian quadword in host memory, done through the NIC's DMA ports.
+Specification vol. 1 release 1.4, chapter 9.4 (COMPARE_SWAP / FETCH_ADD operations) as
+executed by the responder (9.7): an 8-byte read-modify-write of a little-endian quadword in
+host memory, done through the NIC's DMA ports.
 
 * CAS (``op == 0``): read ``orig``; if ``orig == compare`` write ``swap_add``, otherwise
   write nothing (a failed compare leaves memory untouched).
@@ -14,9 +14,10 @@ Either way the unit answers ``orig`` on its ``o`` stream.
 Atomicity: the unit executes **one operation at a time** (it accepts a new request only
 after the previous answer has been taken), and its DMA read and write are the only memory
 accesses it makes, so two atomics on the same address are serialized: the second one reads
-the value the first one wrote (the host memory model must keep a write visible to a later
-read on another port; see ``docs``). Atomicity against CPU accesses on the host is not
-modelled (IBA allows ``IBV_ATOMIC_HCA``: atomic only with respect to this HCA).
+the value the first one wrote (provided the DMA engine / host memory makes a posted write
+visible to a later read, as ``sim/host.py`` does: a read does not pass an earlier posted
+write). Atomicity against CPU accesses on the host is not modelled (``IBV_ATOMIC_HCA``:
+atomic only with respect to this HCA).
 
 Ports
 -----

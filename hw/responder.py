@@ -2,14 +2,16 @@
 
 Models the RC responder of the InfiniBand Architecture Specification vol. 1 release 1.4:
 
-* 9.7.3 / 9.7.4 responder packet checks and execution (packet sequence, opcode sequence,
-  length checks, RETH / AtomicETH validation against the memory-region table, C9-88 ...);
+* 9.7 "Reliable service": responder packet checks and execution (packet sequence number,
+  opcode sequence, payload length, RETH / AtomicETH validation against the memory-region
+  table and the QP's access rights);
 * 9.4 operations: SEND (consumes a receive WQE), RDMA WRITE (with immediate: consumes a
-  receive WQE without placing data in it), RDMA READ (response packets of at most one MTU,
-  9.4.4 / 9.7.4.1.3), COMPARE_SWAP / FETCH_ADD (9.4.5, executed by :class:`~hw.atomic.AtomicUnit`);
-* 9.7.5.1 responder ACK / NAK generation with the AETH (9.7.5.1.1 syndromes; MSN counts the
-  completed messages, 9.7.6.1.1);
-* 10.3 QP states: requests are only executed in RTR or RTS; fatal errors move the QP to ERR.
+  receive WQE without placing data in it), RDMA READ (response packets of at most one MTU),
+  COMPARE_SWAP / FETCH_ADD (executed by :class:`~hw.atomic.AtomicUnit`);
+* 9.7.5 responder ACK / NAK generation with the AETH (syndromes of :class:`~hw.formats.AethSyndrome`;
+  the MSN counts the completed messages);
+* chapter 10 QP states: requests are only executed in RTR or RTS; fatal errors move the QP
+  to ERR (through ``set_err``).
 
 The responder handles **one request packet at a time** (a sequential FSM): the packet's
 meta is latched, the QP context (``qp`` lookup) and the per-QP responder state (a
@@ -25,7 +27,7 @@ Checks, in order (the first failing one decides):
 
 1. QPN not local (``dest_qpn >= n_qps``) or QP not in RTR/RTS: silent drop (``stat_drop``).
 2. PSN != expected PSN: NAK PSN sequence error (0x60, AETH psn = expected PSN), no state
-   change. Duplicate requests (PSN behind the expected PSN, IBA 9.7.5.1.2) are not yet told
+   change. Duplicate requests (PSN behind the expected PSN, IBA 9.7.5) are not yet told
    apart: that is the place where duplicate detection plugs in (see ``CHECK`` below).
 3. Unknown / response opcode, opcode out of sequence (MIDDLE/LAST without FIRST, a new
    message while one is in progress), bad payload length (> MTU; FIRST/MIDDLE != MTU; payload
@@ -291,7 +293,7 @@ class Responder(wiring.Component):
                     m.d.comb += self.stat_drop.eq(1)
                     m.next = "FIN_DISCARD"
                 with m.Elif(pk.psn != s.epsn):
-                    # Duplicate detection (IBA 9.7.5.1.2: PSN in the window behind epsn)
+                    # Duplicate detection (IBA 9.7.5: PSN in the window behind epsn)
                     # goes here; for now every unexpected PSN is a sequence error.
                     nak(Syn.NAK_PSN_SEQ_ERR.value, 0, psn=s.epsn)
                     m.next = "FIN_DISCARD"
@@ -568,68 +570,72 @@ class Responder(wiring.Component):
                     m.next = "FIN_DISCARD"
 
             # ---- finishing sequence: discard, CQE, QP error, ACK/NAK, write-back ------
+            fin_stages = [("FIN_CQE", f_cqe), ("FIN_ERR", f_err), ("FIN_ACK", f_ack), ("FIN_WB", f_wb)]
+
+            def fin_next(first):
+                """Go to the first finishing stage from ``first`` on that has work, else IDLE."""
+                todo = fin_stages[first:]
+                with m.If(todo[0][1]):
+                    m.next = todo[0][0]
+                for name, flag in todo[1:]:
+                    with m.Elif(flag):
+                        m.next = name
+                with m.Else():
+                    m.next = "IDLE"
+
             with m.State("FIN_DISCARD"):
                 with m.If(pay_pending):
                     m.d.comb += self.rx.payload.ready.eq(1)
                     with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
                         m.d.sync += pay_pending.eq(0)
                 with m.Else():
-                    m.next = "FIN_CQE"
+                    fin_next(0)
 
             with m.State("FIN_CQE"):
-                with m.If(f_cqe):
-                    c = self.cqe.payload.cqe
-                    m.d.comb += [
-                        self.cqe.valid.eq(1),
-                        self.cqe.payload.cqn.eq(ctx.recv_cq),
-                        c.wr_id.eq(c_wr_id),
-                        c.status.eq(c_status),
-                        c.opcode.eq(c_opcode),
-                        c.vendor_err.eq(c_verr),
-                        c.byte_len.eq(c_len),
-                        c.imm.eq(Mux(c_flags[0], pk.imm, 0)),
-                        c.qpn.eq(qpn),
-                        c.src_qpn.eq(ctx.dest_qpn),
-                        c.flags.eq(c_flags),
-                    ]
-                    with m.If(self.cqe.ready):
-                        m.next = "FIN_ERR"
-                with m.Else():
-                    m.next = "FIN_ERR"
+                c = self.cqe.payload.cqe
+                m.d.comb += [
+                    self.cqe.valid.eq(1),
+                    self.cqe.payload.cqn.eq(ctx.recv_cq),
+                    c.wr_id.eq(c_wr_id),
+                    c.status.eq(c_status),
+                    c.opcode.eq(c_opcode),
+                    c.vendor_err.eq(c_verr),
+                    c.byte_len.eq(c_len),
+                    c.imm.eq(Mux(c_flags[0], pk.imm, 0)),
+                    c.qpn.eq(qpn),
+                    c.src_qpn.eq(ctx.dest_qpn),
+                    c.flags.eq(c_flags),
+                ]
+                with m.If(self.cqe.ready):
+                    fin_next(1)
 
             with m.State("FIN_ERR"):
-                with m.If(f_err):
-                    m.d.comb += [
-                        self.set_err.valid.eq(1),
-                        self.set_err.payload.qpn.eq(qpn),
-                    ]
-                    with m.If(self.set_err.ready):
-                        m.next = "FIN_ACK"
-                with m.Else():
-                    m.next = "FIN_ACK"
+                m.d.comb += [
+                    self.set_err.valid.eq(1),
+                    self.set_err.payload.qpn.eq(qpn),
+                ]
+                with m.If(self.set_err.ready):
+                    fin_next(2)
 
             with m.State("FIN_ACK"):
-                with m.If(f_ack):
-                    m.d.comb += [
-                        self.tx.meta.valid.eq(1),
-                        tm.opcode.eq(Op.ACKNOWLEDGE.value),
-                        tm.psn.eq(ack_psn),
-                        tm.syndrome.eq(ack_syn),
-                        tm.msn.eq(ack_msn),
-                    ]
-                    with m.If(self.tx.meta.ready):
-                        m.d.comb += self.stat_nak.eq(ack_syn != Syn.ACK.value)
-                        m.next = "FIN_WB"
-                with m.Else():
-                    m.next = "FIN_WB"
+                m.d.comb += [
+                    self.tx.meta.valid.eq(1),
+                    tm.opcode.eq(Op.ACKNOWLEDGE.value),
+                    tm.psn.eq(ack_psn),
+                    tm.syndrome.eq(ack_syn),
+                    tm.msn.eq(ack_msn),
+                ]
+                with m.If(self.tx.meta.ready):
+                    m.d.comb += self.stat_nak.eq(ack_syn != Syn.ACK.value)
+                    fin_next(3)
 
             with m.State("FIN_WB"):
-                with m.If(~f_wb | killed | kill_now):
+                with m.If(killed | kill_now):
                     m.next = "IDLE"
                 with m.Elif(~self.qp_event.valid):
                     m.d.comb += [st_wr.addr.eq(qpn), st_wr.data.eq(s), st_wr.en.eq(1)]
                     m.next = "IDLE"
-                # else: the write port is taken by the event this cycle; retry
+                # else: the write port is taken by an event for another QP this cycle; retry
 
         with m.If(kill_now & ~fsm.ongoing("IDLE")):
             m.d.sync += killed.eq(1)

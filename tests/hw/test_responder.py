@@ -796,6 +796,20 @@ def test_qp_event_during_packet_cancels_write_back(bp):
     assert acks == [(0x100, 10, ACK, 1), (0x100, 100, ACK, 1), (0x101, 20, ACK, 1), (0x101, 21, ACK, 2)]
 
 
+def test_receive_ring_wraps():
+    """Receive WQEs are read from rq_base + (ci mod 2**rq_log_size) * 32; ci is free running."""
+    qps = default_qps()
+    qps[1]["ctx"]["rq_log_size"] = 1                         # two slots
+    items = [event(1, QpState.RTS, 0)]
+    for i in range(5):
+        items += [post(1, i % 2, 0x100 + i, 0x800 + 0x40 * i, 0x40, K0, i + 1),
+                  pkt(Op.SEND_ONLY, 1, i, rnd(0x20 + i, i), ackreq=1)]
+    out = run(items, qps=qps, bp=True, seed=9)
+    assert [(c["wr_id"], c["byte_len"]) for c in out["cqes"]] == [(0x100 + i, 0x20 + i) for i in range(5)]
+    for i in range(5):
+        assert out["mem"][0x800 + 0x40 * i:0x820 + 0x40 * i + i] == rnd(0x20 + i, i)
+
+
 # ---------------------------------------------------------------------------------------
 # random traffic against the model
 
@@ -831,11 +845,13 @@ def random_items(rng, n_ops, cfg=CFG):
             for it in msg("WRITE", q, psn, rnd(n, rng.random()), mtu=mtu, va=va, rkey=K0 if good_key else K1,
                           imm=rng.getrandbits(32) if kind == "write_imm" else None,
                           ackreq=rng.randrange(2)):
+                it[1]["ackreq"] |= rng.random() < 0.2          # ACK requested mid-message too
                 add(it)
         elif kind == "send":
             n = rng.choice([0, 5, mtu, mtu + 3, 3 * mtu])
             for it in msg("SEND", q, psn, rnd(n, rng.random()), mtu=mtu,
                           imm=rng.getrandbits(32) if rng.random() < 0.3 else None, ackreq=rng.randrange(2)):
+                it[1]["ackreq"] |= rng.random() < 0.2
                 add(it)
         elif kind == "read":
             n = rng.choice([0, 1, 8, mtu, mtu + 1, 3 * mtu - 1])
@@ -854,11 +870,12 @@ def random_items(rng, n_ops, cfg=CFG):
     return items
 
 
-@pytest.mark.parametrize("seed,bp", [(10, True), (11, False), (12, True)])
-def test_random_traffic(seed, bp):
+@pytest.mark.parametrize("seed,bp,data_bytes", [(10, True, 8), (11, False, 8), (12, True, 8), (13, True, 64)])
+def test_random_traffic(seed, bp, data_bytes):
+    cfg = NicConfig(data_bytes=data_bytes, mtu=256, n_qps=4, n_mrs=4, n_cqs=4)
     rng = random.Random(seed)
-    items = random_items(rng, 70)
-    out = run(items, bp=bp, seed=seed)
+    items = random_items(rng, 80, cfg)
+    out = run(items, cfg=cfg, bp=bp, seed=seed)
     kinds = {Op(m["opcode"]).name for m, _ in out["tx"]}
     assert "ACKNOWLEDGE" in kinds and len(out["tx"]) > 20
 
