@@ -13,15 +13,24 @@ Models the RC responder of the InfiniBand Architecture Specification vol. 1 rele
 * chapter 10 QP states: requests are only executed in RTR or RTS; fatal errors move the QP
   to ERR (through ``set_err``).
 
-The responder handles **one request packet at a time** (a sequential FSM): the packet's
+The responder executes **one request packet at a time** (a sequential FSM): the packet's
 meta is latched, the QP context (``qp`` lookup) and the per-QP responder state (a
 ``lib.memory.Memory`` row: expected PSN, MSN, receive-queue consumer index and the state of
 the message in progress) are read, the packet is checked, then executed (payload streamed
-to ``dma_wr``; receive WQE, READ data and atomics go through ``dma_rd``), then the CQE,
-the QP-error request and the ACK/NAK are issued in that order and the state row is written
-back. Because one packet is in flight at a time, ``dma_rd`` and ``dma_wr`` are shared between
-the responder's own users (receive-WQE fetch, READ responses, the atomic unit) by a static
-multiplexer selected by the FSM state; there is never more than one DMA read outstanding.
+to ``dma_wr``; receive WQE and atomics through ``dma_rd``), then the CQE, the QP-error
+request and the ACK/NAK are issued in that order and the state row is written back.
+
+RDMA READs do not hold the FSM for the DMA round trip: the FSM queues a descriptor (FIFO of
+``max(2, max_rd_atomic)`` entries) for the **read-response engine**, issues all the READ's
+DMA reads (at most one MTU each) and goes on with the next request. The engine emits the
+READ_RESPONSE packets in order, streaming the DMA data (routed to it by the DMA tag
+``READ_DMA_TAG``; the DMA answers in request order) to ``tx.payload``. Every other packet the
+responder sends (ACK/NAK, ATOMIC_ACKNOWLEDGE) waits until the queued READ responses are out,
+so responses leave in PSN order. Because a READ's DMA reads are issued before the next
+request executes, a later WRITE or atomic cannot overtake them at the DMA engine. Atomics
+and receive-WQE fetches wait for their own DMA data (one atomic at a time, see
+:mod:`hw.atomic`). ``dma_rd`` requests come only from the FSM and the atomic unit (a static
+multiplexer selected by the FSM state); ``dma_wr`` from the FSM (payload) or the atomic unit.
 
 Checks, in order (the first failing one decides):
 
@@ -58,6 +67,7 @@ Ports
 
 from amaranth.hdl import Module, Signal, Const, Mux
 from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -70,7 +80,7 @@ from .interfaces import (PacketOut, Lookup, QP_LOOKUP, QpEvent, DoorbellEvent, Q
                          DmaReadClient, DmaWrite, CqeRequest)
 from .regmap import mkey_index  # noqa: F401  (the MR slot computed below is the same function)
 
-__all__ = ["Responder", "RSP_STATE", "RNR_TIMER", "UDP_SPORT_BASE",
+__all__ = ["Responder", "RSP_STATE", "RD_DESC", "RNR_TIMER", "UDP_SPORT_BASE",
            "MSG_NONE", "MSG_SEND", "MSG_WRITE", "WQE_DMA_TAG", "READ_DMA_TAG"]
 
 #: RNR NAK timer code sent in the AETH (IBA table 45: 0x0E = 1.92 ms)
@@ -92,6 +102,17 @@ RSP_STATE = data.StructLayout({
     "rem": 32,      # WRITE: DMA length left; SEND: receive buffer space left
     "count": 32,    # WRITE: total DMA length (byte_len of WRITE_IMM); SEND: bytes so far
     "wr_id": 64,    # SEND: wr_id of the receive WQE being filled
+})
+
+
+#: One RDMA READ handed to the read-response engine.
+RD_DESC = data.StructLayout({
+    "psn": 24,        # PSN of the first response (= the request's PSN)
+    "len": 32,        # DMA length of the READ
+    "msn": 24,        # MSN for the AETH of FIRST / LAST / ONLY
+    "dest_node": 8,
+    "dest_qpn": 24,
+    "udp_sport": 16,
 })
 
 
@@ -162,10 +183,8 @@ class Responder(wiring.Component):
         wqe = Signal(RECV_WQE)
         wqe_beats = RECV_WQE_BYTES // W if W < RECV_WQE_BYTES else 1
         wqe_cnt = Signal(range(wqe_beats + 1))
-        rd_addr = Signal(64)
+        rd_addr = Signal(64)           # READ: next DMA request address / bytes left to request
         rd_rem = Signal(32)
-        rd_psn = Signal(24)
-        rd_first = Signal()
         orig = Signal(64)
 
         qpn = pk.dest_qpn[:qb]
@@ -268,6 +287,25 @@ class Responder(wiring.Component):
 
         rd_chunk = Mux(rd_rem > mtu, mtu, rd_rem)
         rd_last = rd_rem <= mtu
+        n_resp = Mux(pk.dma_len == 0, 1, (pk.dma_len + (mtu - 1)) >> exact_log2(mtu))
+
+        # ---- read-response engine: READ descriptors, responses emitted in order ------
+        rd_depth = max(2, cfg.max_rd_atomic)
+        m.submodules.rd_fifo = rd_fifo = SyncFIFOBuffered(width=RD_DESC.size, depth=rd_depth)
+        rd_out = Signal(range(rd_depth + 2))   # READs queued or being answered
+        rd_inc = Signal()
+        rd_dec = Signal()
+        m.d.sync += rd_out.eq(rd_out + rd_inc - rd_dec)
+        rtx_busy = rd_out != 0
+
+        # dma_rd responses: READ data to the read-response engine, the rest (receive WQE,
+        # atomic) to the main FSM; both are in request order on the one response stream
+        resp = self.dma_rd.resp
+        resp_is_read = resp.payload.tag == READ_DMA_TAG
+        m_resp_valid = resp.valid & ~resp_is_read
+        m_resp_ready = Signal()
+        r_resp_ready = Signal()
+        m.d.comb += resp.ready.eq(Mux(resp_is_read, r_resp_ready, m_resp_ready))
         ev = self.qp_event.payload
         ev_ok = self.qp_event.valid & ((ev.qpn >> qb) == 0)
         kill_now = ev_ok & (ev.qpn[:qb] == qpn)
@@ -367,13 +405,12 @@ class Responder(wiring.Component):
                         nak(Syn.NAK_REM_ACCESS_ERR.value, 1)
                         m.next = "FIN_DISCARD"
                     with m.Else():
-                        # expected PSN advances by the number of responses (set in RD_NEXT)
+                        # the expected PSN advances by the number of responses
                         m.d.sync += [
-                            f_wb.eq(1), s.msn.eq(s.msn + 1),
-                            rd_addr.eq(pk.va), rd_rem.eq(pk.dma_len), rd_psn.eq(pk.psn),
-                            rd_first.eq(1),
+                            f_wb.eq(1), s.msn.eq(s.msn + 1), s.epsn.eq(pk.psn + n_resp),
+                            rd_addr.eq(pk.va), rd_rem.eq(pk.dma_len),
                         ]
-                        m.next = "RD_REQ"
+                        m.next = "RD_PUSH"
 
                 with m.Else():  # atomic
                     with m.If(a_align_bad):
@@ -400,9 +437,9 @@ class Responder(wiring.Component):
                     m.next = "WQE_DATA"
 
             with m.State("WQE_DATA"):
-                m.d.comb += self.dma_rd.resp.ready.eq(1)
-                beat = self.dma_rd.resp.payload
-                with m.If(self.dma_rd.resp.valid):
+                m.d.comb += m_resp_ready.eq(1)
+                beat = resp.payload
+                with m.If(m_resp_valid):
                     if W >= RECV_WQE_BYTES:
                         m.d.sync += wqe.as_value().eq(beat.data[:8 * RECV_WQE_BYTES])
                     else:
@@ -467,10 +504,25 @@ class Responder(wiring.Component):
                     with m.Else():
                         m.next = "FIN_DISCARD"
 
-            # ---- RDMA READ responses --------------------------------------------------
+            # ---- RDMA READ: queue a descriptor, issue the DMA reads -------------------
+            with m.State("RD_PUSH"):
+                desc = Signal(RD_DESC)
+                m.d.comb += [
+                    desc.psn.eq(pk.psn), desc.len.eq(pk.dma_len), desc.msn.eq(s.msn),
+                    desc.dest_node.eq(ctx.dest_node), desc.dest_qpn.eq(ctx.dest_qpn),
+                    desc.udp_sport.eq(UDP_SPORT_BASE | pk.dest_qpn[:14]),
+                    rd_fifo.w_data.eq(desc),
+                    rd_fifo.w_en.eq(1),
+                ]
+                with m.If(rd_fifo.w_rdy):
+                    m.d.comb += rd_inc.eq(1)
+                    m.next = "RD_REQ"
+
             with m.State("RD_REQ"):
+                # every DMA read of this READ is issued before the next request is executed,
+                # so later WRITEs/atomics cannot overtake it at the DMA engine
                 with m.If(rd_rem == 0):
-                    m.next = "RD_META"
+                    m.next = "FIN_DISCARD"
                 with m.Else():
                     m.d.comb += [
                         self.dma_rd.req.valid.eq(1),
@@ -479,49 +531,9 @@ class Responder(wiring.Component):
                         self.dma_rd.req.payload.tag.eq(READ_DMA_TAG),
                     ]
                     with m.If(self.dma_rd.req.ready):
-                        m.next = "RD_META"
-
-            with m.State("RD_META"):
-                has_aeth = rd_first | rd_last
-                m.d.comb += [
-                    self.tx.meta.valid.eq(1),
-                    tm.opcode.eq(Mux(rd_first,
-                                     Mux(rd_last, Op.READ_RESPONSE_ONLY.value, Op.READ_RESPONSE_FIRST.value),
-                                     Mux(rd_last, Op.READ_RESPONSE_LAST.value, Op.READ_RESPONSE_MIDDLE.value))),
-                    tm.psn.eq(rd_psn),
-                    tm.syndrome.eq(Mux(has_aeth, Syn.ACK.value, 0)),
-                    tm.msn.eq(Mux(has_aeth, s.msn, 0)),
-                    tm.paylen.eq(rd_chunk),
-                ]
-                with m.If(self.tx.meta.ready):
-                    with m.If(rd_chunk != 0):
-                        m.next = "RD_DATA"
-                    with m.Else():
-                        m.next = "RD_NEXT"
-
-            with m.State("RD_DATA"):
-                m.d.comb += [
-                    self.tx.payload.valid.eq(self.dma_rd.resp.valid),
-                    self.dma_rd.resp.ready.eq(self.tx.payload.ready),
-                    self.tx.payload.payload.data.eq(self.dma_rd.resp.payload.data),
-                    self.tx.payload.payload.nbytes.eq(self.dma_rd.resp.payload.nbytes),
-                    self.tx.payload.payload.last.eq(self.dma_rd.resp.payload.last),
-                ]
-                with m.If(self.dma_rd.resp.valid & self.tx.payload.ready & self.dma_rd.resp.payload.last):
-                    m.next = "RD_NEXT"
-
-            with m.State("RD_NEXT"):
-                m.d.sync += [
-                    rd_addr.eq(rd_addr + rd_chunk),
-                    rd_rem.eq(rd_rem - rd_chunk),
-                    rd_psn.eq(rd_psn + 1),
-                    rd_first.eq(0),
-                ]
-                with m.If(rd_last):
-                    m.d.sync += s.epsn.eq(rd_psn + 1)
-                    m.next = "FIN_DISCARD"
-                with m.Else():
-                    m.next = "RD_REQ"
+                        m.d.sync += [rd_addr.eq(rd_addr + rd_chunk), rd_rem.eq(rd_rem - rd_chunk)]
+                        with m.If(rd_last):
+                            m.next = "FIN_DISCARD"
 
             # ---- atomics --------------------------------------------------------------
             def connect_atomic_dma():
@@ -530,9 +542,9 @@ class Responder(wiring.Component):
                     self.dma_rd.req.valid.eq(a_rd.req.valid),
                     self.dma_rd.req.payload.eq(a_rd.req.payload),
                     a_rd.req.ready.eq(self.dma_rd.req.ready),
-                    a_rd.resp.valid.eq(self.dma_rd.resp.valid),
-                    a_rd.resp.payload.eq(self.dma_rd.resp.payload),
-                    self.dma_rd.resp.ready.eq(a_rd.resp.ready),
+                    a_rd.resp.valid.eq(m_resp_valid),
+                    a_rd.resp.payload.eq(resp.payload),
+                    m_resp_ready.eq(a_rd.resp.ready),
                     self.dma_wr.valid.eq(a_wr.valid),
                     self.dma_wr.payload.eq(a_wr.payload),
                     a_wr.ready.eq(self.dma_wr.ready),
@@ -559,14 +571,14 @@ class Responder(wiring.Component):
 
             with m.State("AT_ACK"):
                 m.d.comb += [
-                    self.tx.meta.valid.eq(1),
+                    self.tx.meta.valid.eq(~rtx_busy),      # after every queued READ response
                     tm.opcode.eq(Op.ATOMIC_ACKNOWLEDGE.value),
                     tm.psn.eq(pk.psn),
                     tm.syndrome.eq(Syn.ACK.value),
                     tm.msn.eq(s.msn),
                     tm.orig.eq(orig),
                 ]
-                with m.If(self.tx.meta.ready):
+                with m.If(self.tx.meta.ready & ~rtx_busy):
                     m.next = "FIN_DISCARD"
 
             # ---- finishing sequence: discard, CQE, QP error, ACK/NAK, write-back ------
@@ -619,13 +631,13 @@ class Responder(wiring.Component):
 
             with m.State("FIN_ACK"):
                 m.d.comb += [
-                    self.tx.meta.valid.eq(1),
+                    self.tx.meta.valid.eq(~rtx_busy),      # after every queued READ response
                     tm.opcode.eq(Op.ACKNOWLEDGE.value),
                     tm.psn.eq(ack_psn),
                     tm.syndrome.eq(ack_syn),
                     tm.msn.eq(ack_msn),
                 ]
-                with m.If(self.tx.meta.ready):
+                with m.If(self.tx.meta.ready & ~rtx_busy):
                     m.d.comb += self.stat_nak.eq(ack_syn != Syn.ACK.value)
                     fin_next(3)
 
@@ -636,6 +648,59 @@ class Responder(wiring.Component):
                     m.d.comb += [st_wr.addr.eq(qpn), st_wr.data.eq(s), st_wr.en.eq(1)]
                     m.next = "IDLE"
                 # else: the write port is taken by an event for another QP this cycle; retry
+
+        # ---- read-response engine -------------------------------------------------------
+        rd = Signal(RD_DESC)
+        x_rem = Signal(32)
+        x_psn = Signal(24)
+        x_first = Signal()
+        x_chunk = Mux(x_rem > mtu, mtu, x_rem)
+        x_last = x_rem <= mtu
+        with m.FSM(name="rtx"):
+            with m.State("IDLE"):
+                m.d.comb += rd_fifo.r_en.eq(1)
+                with m.If(rd_fifo.r_rdy):
+                    d = rd_fifo.r_data
+                    m.d.sync += [rd.eq(d), x_rem.eq(RD_DESC(d).len), x_psn.eq(RD_DESC(d).psn),
+                                 x_first.eq(1)]
+                    m.next = "META"
+            with m.State("META"):
+                has_aeth = x_first | x_last
+                m.d.comb += [
+                    self.tx.meta.valid.eq(1),
+                    tm.dst_node.eq(rd.dest_node),
+                    tm.dest_qpn.eq(rd.dest_qpn),
+                    tm.udp_sport.eq(rd.udp_sport),
+                    tm.opcode.eq(Mux(x_first,
+                                     Mux(x_last, Op.READ_RESPONSE_ONLY.value, Op.READ_RESPONSE_FIRST.value),
+                                     Mux(x_last, Op.READ_RESPONSE_LAST.value, Op.READ_RESPONSE_MIDDLE.value))),
+                    tm.psn.eq(x_psn),
+                    tm.syndrome.eq(Mux(has_aeth, Syn.ACK.value, 0)),
+                    tm.msn.eq(Mux(has_aeth, rd.msn, 0)),
+                    tm.paylen.eq(x_chunk),
+                ]
+                with m.If(self.tx.meta.ready):
+                    with m.If(x_chunk != 0):
+                        m.next = "DATA"
+                    with m.Else():
+                        m.next = "NEXT"
+            with m.State("DATA"):
+                m.d.comb += [
+                    self.tx.payload.valid.eq(resp.valid & resp_is_read),
+                    r_resp_ready.eq(self.tx.payload.ready),
+                    self.tx.payload.payload.data.eq(resp.payload.data),
+                    self.tx.payload.payload.nbytes.eq(resp.payload.nbytes),
+                    self.tx.payload.payload.last.eq(resp.payload.last),
+                ]
+                with m.If(resp.valid & resp_is_read & self.tx.payload.ready & resp.payload.last):
+                    m.next = "NEXT"
+            with m.State("NEXT"):
+                m.d.sync += [x_rem.eq(x_rem - x_chunk), x_psn.eq(x_psn + 1), x_first.eq(0)]
+                with m.If(x_last):
+                    m.d.comb += rd_dec.eq(1)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.next = "META"
 
         with m.If(kill_now & ~fsm.ongoing("IDLE")):
             m.d.sync += killed.eq(1)

@@ -322,7 +322,7 @@ class Model:
 # ---------------------------------------------------------------------------------------
 # the simulation bench
 
-def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000):
+def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd_latency=2):
     rng = random.Random(seed)
     dut = Responder(cfg)
     W = cfg.data_bytes
@@ -404,7 +404,7 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000):
                 r = ctx.get(dut.dma_rd.req.payload)
                 assert 0 < r.len <= 65535
                 raw = bytes(mem[r.addr:r.addr + r.len])
-                t = cyc + (rng.randint(1, 8) if bp else 2)
+                t = cyc + (rng.randint(1, 8) if bp else rd_latency)
                 for off in range(0, r.len, W):
                     c = raw[off:off + W]
                     rd.append([t, int.from_bytes(c, "little"), len(c), off + W >= r.len, r.tag])
@@ -465,7 +465,7 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000):
     return out
 
 
-def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None):
+def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None, rd_latency=2):
     """Simulate and model ``items``; assert they agree; return the simulation's results."""
     qps = default_qps() if qps is None else qps
     mrs = default_mrs() if mrs is None else mrs
@@ -473,7 +473,7 @@ def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None):
     model = Model(cfg, qps, mrs, bytearray(mem0))
     for it in items:
         model.item(it)
-    got = simulate(cfg, items, qps, mrs, bytearray(mem0), bp=bp, seed=seed)
+    got = simulate(cfg, items, qps, mrs, bytearray(mem0), bp=bp, seed=seed, rd_latency=rd_latency)
     assert len(got["tx"]) == len(model.tx)
     for i, (g, e) in enumerate(zip(got["tx"], model.tx)):
         assert g == e, f"tx packet {i}"
@@ -808,6 +808,38 @@ def test_receive_ring_wraps():
     assert [(c["wr_id"], c["byte_len"]) for c in out["cqes"]] == [(0x100 + i, 0x20 + i) for i in range(5)]
     for i in range(5):
         assert out["mem"][0x800 + 0x40 * i:0x820 + 0x40 * i + i] == rnd(0x20 + i, i)
+
+
+@pytest.mark.parametrize("bp", [False, True])
+def test_reads_overlap_and_keep_order(bp):
+    """READ responses are queued (up to max_rd_atomic) while later requests execute; every
+    other response waits for them, and a later WRITE does not change the data of an earlier
+    READ (its DMA reads are issued before the WRITE executes)."""
+    items = [event(0, QpState.RTS, 0), event(1, QpState.RTS, 0)]
+    psn = 0
+    for i in range(6):
+        items.append(pkt(Op.READ_REQUEST, 0, psn, va=0x100 + 8 * i, rkey=K0, dma_len=8 + 200 * i))
+        psn += max(1, -(-(8 + 200 * i) // 256))
+    items.append(pkt(Op.READ_REQUEST, 1, 0, va=0x100, rkey=K0, dma_len=300))
+    items.append(pkt(Op.WRITE_ONLY, 1, 2, rnd(64, 1), ackreq=1, va=0x100, rkey=K0, dma_len=64))
+    items.append(pkt(Op.FETCH_ADD, 0, psn, va=0x100, rkey=K0, swap_add=1))
+    items.append(pkt(Op.WRITE_ONLY, 0, psn + 5, b"", ackreq=1, va=0, rkey=K0, dma_len=0))  # PSN NAK
+    out = run(items, bp=bp, seed=12)
+    kinds = [(m["dest_qpn"], Op(m["opcode"]).name, m["psn"]) for m, _ in out["tx"]]
+    assert kinds[-3:] == [(0x101, "ACKNOWLEDGE", 2), (0x100, "ATOMIC_ACKNOWLEDGE", psn),
+                          (0x100, "ACKNOWLEDGE", psn + 1)]       # NAK: expected PSN
+    q1 = [b for m, b in out["tx"] if m["dest_qpn"] == 0x101 and m["paylen"]]
+    assert b"".join(q1) == out["mem0"][0x100:0x100 + 300]    # old data, not the WRITE's
+    assert out["mem"][0x100:0x108] != out["mem0"][0x100:0x108]
+
+
+def test_read_throughput_with_dma_latency():
+    """Small READs overlap their DMA latency (no per-packet round trip in the responder)."""
+    items = [event(0, QpState.RTS, 0)]
+    items += [pkt(Op.READ_REQUEST, 0, i, va=0x100, rkey=K0, dma_len=8) for i in range(16)]
+    out = run(items, bp=False, rd_latency=40)
+    # one DMA round trip (40 cycles) for all of them, not one per READ (16 * 40)
+    assert out["cycles"] < 16 * 10 + 40 + 41
 
 
 # ---------------------------------------------------------------------------------------
