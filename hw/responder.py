@@ -570,16 +570,17 @@ class Responder(wiring.Component):
                     m.next = "AT_ACK"
 
             with m.State("AT_ACK"):
-                m.d.comb += [
-                    self.tx.meta.valid.eq(~rtx_busy),      # after every queued READ response
-                    tm.opcode.eq(Op.ATOMIC_ACKNOWLEDGE.value),
-                    tm.psn.eq(pk.psn),
-                    tm.syndrome.eq(Syn.ACK.value),
-                    tm.msn.eq(s.msn),
-                    tm.orig.eq(orig),
-                ]
-                with m.If(self.tx.meta.ready & ~rtx_busy):
-                    m.next = "FIN_DISCARD"
+                with m.If(~rtx_busy):                      # after every queued READ response
+                    m.d.comb += [
+                        self.tx.meta.valid.eq(1),
+                        tm.opcode.eq(Op.ATOMIC_ACKNOWLEDGE.value),
+                        tm.psn.eq(pk.psn),
+                        tm.syndrome.eq(Syn.ACK.value),
+                        tm.msn.eq(s.msn),
+                        tm.orig.eq(orig),
+                    ]
+                    with m.If(self.tx.meta.ready):
+                        m.next = "FIN_DISCARD"
 
             # ---- finishing sequence: discard, CQE, QP error, ACK/NAK, write-back ------
             fin_stages = [("FIN_CQE", f_cqe), ("FIN_ERR", f_err), ("FIN_ACK", f_ack), ("FIN_WB", f_wb)]
@@ -630,16 +631,17 @@ class Responder(wiring.Component):
                     fin_next(2)
 
             with m.State("FIN_ACK"):
-                m.d.comb += [
-                    self.tx.meta.valid.eq(~rtx_busy),      # after every queued READ response
-                    tm.opcode.eq(Op.ACKNOWLEDGE.value),
-                    tm.psn.eq(ack_psn),
-                    tm.syndrome.eq(ack_syn),
-                    tm.msn.eq(ack_msn),
-                ]
-                with m.If(self.tx.meta.ready & ~rtx_busy):
-                    m.d.comb += self.stat_nak.eq(ack_syn != Syn.ACK.value)
-                    fin_next(3)
+                with m.If(~rtx_busy):                      # after every queued READ response
+                    m.d.comb += [
+                        self.tx.meta.valid.eq(1),
+                        tm.opcode.eq(Op.ACKNOWLEDGE.value),
+                        tm.psn.eq(ack_psn),
+                        tm.syndrome.eq(ack_syn),
+                        tm.msn.eq(ack_msn),
+                    ]
+                    with m.If(self.tx.meta.ready):
+                        m.d.comb += self.stat_nak.eq(ack_syn != Syn.ACK.value)
+                        fin_next(3)
 
             with m.State("FIN_WB"):
                 with m.If(killed | kill_now):

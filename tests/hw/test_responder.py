@@ -322,7 +322,7 @@ class Model:
 # ---------------------------------------------------------------------------------------
 # the simulation bench
 
-def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd_latency=2):
+def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd_latency=2, tx_p=0.6):
     rng = random.Random(seed)
     dut = Responder(cfg)
     W = cfg.data_bytes
@@ -379,8 +379,10 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
             if rd:
                 ctx.set(dut.dma_rd.resp.payload, dict(zip(("data", "nbytes", "last", "tag"), rd[0][1:])))
             # sinks
-            for s in (dut.dma_rd.req, dut.dma_wr, dut.tx.meta, dut.tx.payload, dut.cqe, dut.set_err):
+            for s in (dut.dma_rd.req, dut.dma_wr, dut.cqe, dut.set_err):
                 ctx.set(s.ready, p(0.6))
+            for s in (dut.tx.meta, dut.tx.payload):
+                ctx.set(s.ready, p(tx_p))
 
             # sample transfers
             busy = bool(rd) or bool(rx_beats) or wr is not None or tx_open is not None
@@ -465,7 +467,7 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
     return out
 
 
-def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None, rd_latency=2):
+def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None, rd_latency=2, tx_p=0.6):
     """Simulate and model ``items``; assert they agree; return the simulation's results."""
     qps = default_qps() if qps is None else qps
     mrs = default_mrs() if mrs is None else mrs
@@ -473,7 +475,7 @@ def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None, rd_laten
     model = Model(cfg, qps, mrs, bytearray(mem0))
     for it in items:
         model.item(it)
-    got = simulate(cfg, items, qps, mrs, bytearray(mem0), bp=bp, seed=seed, rd_latency=rd_latency)
+    got = simulate(cfg, items, qps, mrs, bytearray(mem0), bp=bp, seed=seed, rd_latency=rd_latency, tx_p=tx_p)
     assert len(got["tx"]) == len(model.tx)
     for i, (g, e) in enumerate(zip(got["tx"], model.tx)):
         assert g == e, f"tx packet {i}"
@@ -831,6 +833,19 @@ def test_reads_overlap_and_keep_order(bp):
     q1 = [b for m, b in out["tx"] if m["dest_qpn"] == 0x101 and m["paylen"]]
     assert b"".join(q1) == out["mem0"][0x100:0x100 + 300]    # old data, not the WRITE's
     assert out["mem"][0x100:0x108] != out["mem0"][0x100:0x108]
+
+
+def test_atomic_ack_waits_for_queued_read_responses():
+    """A slow network side (tx ready 10 %) lets READ responses queue up behind the FSM."""
+    items = [event(0, QpState.RTS, 0)]
+    items += [pkt(Op.READ_REQUEST, 0, i, va=0, rkey=0, dma_len=0) for i in range(14)]
+    items += [pkt(Op.COMPARE_SWAP, 0, 14, va=0x100, rkey=K0, compare=0, swap_add=1),
+              pkt(Op.READ_REQUEST, 0, 15, va=0x100, rkey=K0, dma_len=8),
+              pkt(Op.FETCH_ADD, 0, 16, va=0x100, rkey=K0, swap_add=1),
+              pkt(Op.READ_REQUEST, 0, 17, va=0, rkey=0, dma_len=0),
+              pkt(Op.WRITE_ONLY, 0, 18, b"", ackreq=1, va=0, rkey=0, dma_len=0)]
+    out = run(items, bp=True, seed=13, tx_p=0.1)
+    assert [m["psn"] for m, _ in out["tx"]] == list(range(19))
 
 
 def test_read_throughput_with_dma_latency():
