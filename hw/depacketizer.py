@@ -2,18 +2,22 @@
 
 Models the receive parser of a RoCEv2 RNIC (InfiniBand Architecture Specification vol. 1
 rel. 1.4: Annex A17.4 RoCEv2 encapsulation, UDP destination port 4791; A17.3.3 invariant
-CRC; chapter 9.2 BTH, 9.3 RETH/AtomicETH/ImmDt, 9.5 AETH/AtomicAckETH; 9.6.1.1 header
-validation: unknown opcode, transport version, length checks; packets failing them are
-silently dropped). It is the inverse of :class:`hw.packetizer.Packetizer` and of
+CRC; chapter 9.2 BTH, 9.3 extended transport headers RETH/AtomicETH/AETH/
+AtomicAckETH/ImmDt; 9.6 packet header validation: unknown opcode, transport version,
+length checks; packets failing them are silently dropped). It is the inverse of :class:`hw.packetizer.Packetizer` and of
 ``sim.roce.encode``.
 
-Store-and-forward: each frame is written into a ``lib.memory.Memory`` of
-``ceil(max_frame_bytes / W) + 1`` beats while its header beats are kept in registers and
-its ICRC is computed on the fly (same masks as the packetizer; a frame is good when the
-CRC register, run over the whole frame including its ICRC, ends at the CRC-32 residue).
-One cycle after the last beat the frame is judged; only a good frame is emitted (meta,
-then ``ceil(paylen / W)`` payload beats realigned to byte 0 from two read ports, one beat
-per cycle). Input is not accepted while a frame is judged or emitted.
+Store-and-forward: each frame is written into a ring of beats in a ``lib.memory.Memory``
+(a power of two >= ``ceil(max_frame_bytes / W) + 2`` beats) while its header beats are
+kept in registers and its ICRC is computed on the fly (same masks as the packetizer; a
+frame is good when the CRC register, run over the whole frame including its ICRC, ends at
+the CRC-32 residue). In the cycle after the last beat the frame is judged (the next frame
+may already start in that cycle): a bad frame is forgotten by rewinding the ring's write
+pointer; a good one gets a descriptor (parsed meta, ring position) in a 4-entry FIFO. The
+emitter sends the meta, then ``ceil(paylen / W)`` payload beats realigned to byte 0 from two
+read ports (one beat per cycle), then frees the frame's ring space. Input waits only when
+the ring or the descriptor FIFO is full; a frame longer than ``max_frame_bytes`` is not
+written but still consumed to its last beat.
 
 Outcome, pulsed for one cycle with ``stat_bytes`` = frame length (saturated at 65535):
 
@@ -30,8 +34,9 @@ Outcome, pulsed for one cycle with ``stat_bytes`` = frame length (saturated at 6
 ``sim.roce.classify`` is the Python reference of this order.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
@@ -94,64 +99,90 @@ class Depacketizer(wiring.Component):
         m = Module()
         w = self._w
         lw = bits_for(w - 1)
-        depth = -(-self._max // w)
+        maxbeats = -(-self._max // w)
+        abits = bits_for(maxbeats + 1)
+        ring = 1 << abits
         nhdr = -(-MAX_HEADER_BYTES // w)
         nmask = -(-_ICRC_MASKED_END // w)
         shifts = sorted({formats.header_bytes(op) % w for op in BthOpcode})
 
-        m.submodules.mem = mem = Memory(shape=8 * w, depth=depth + 1, init=[])
+        m.submodules.mem = mem = Memory(shape=8 * w, depth=ring, init=[])
         wr = mem.write_port()
         rda = mem.read_port(transparent_for=())
         rdb = mem.read_port(transparent_for=())
         m.submodules.crc = crc = Crc32Update(w)
-
-        RECV, CHECK, META, PAY = range(4)
-        fsm = Signal(range(4))
+        desc_layout = data.StructLayout({
+            "meta": PKT_META, "start": abits + 1, "nbeats": range(maxbeats + 1)})
+        m.submodules.desc = desc = SyncFIFO(width=desc_layout.size, depth=4)
 
         # ---------------------------------------------------------------- receive
-        widx = Signal(range(depth + 1))         # saturates at depth
-        fl = Signal(16)                         # saturates at 65535
+        # Frame n+1 may start in the cycle frame n is judged (``chk``): the counters of the
+        # frame being received are then taken as 0 (``cur_*``) while the judgement still
+        # reads the registers of frame n.
+        chk = Signal()                          # the previous beat was a last beat
+        wstart = Signal(abits + 1)              # ring pointer of the frame being received
+        rtail = Signal(abits + 1)               # first beat still needed by the reader
+        widx = Signal(range(maxbeats + 1))      # beats of this frame, saturates at maxbeats
+        fl = Signal(16)                         # frame bytes, saturates at 65535
         overflow = Signal()
         badbeat = Signal()
         crc_state = Signal(32)
         hdr = Signal(8 * nhdr * w)
 
+        good = Signal()
+        commit = Signal()                       # chk and the frame is kept
+        stall = Signal()                        # chk, frame good but the descriptor FIFO full
+
+        cur_widx = Mux(chk, 0, widx)
+        cur_fl = Mux(chk, 0, fl)
+        cur_start = Signal(abits + 1)
+        m.d.comb += cur_start.eq(Mux(commit, wstart + widx, wstart))
+        wptr = Signal(abits + 1)
+        m.d.comb += wptr.eq(cur_start + cur_widx)
+        writing = cur_widx < maxbeats
+        room = (wptr - rtail)[:abits + 1] < ring
+
         beat = self.i.p
         accept = Signal()
-        m.d.comb += [self.i.ready.eq(fsm == RECV), accept.eq(self.i.valid & self.i.ready)]
+        m.d.comb += [
+            self.i.ready.eq(~stall & (room | ~writing)),
+            accept.eq(self.i.valid & self.i.ready),
+        ]
 
         masked = Signal(8 * w)
         m.d.comb += masked.eq(beat.data)
-        with m.Switch(widx):
+        with m.Switch(cur_widx):
             for b in range(nmask):
                 and_m, or_m = icrc_mask(b, w)
                 with m.Case(b):
                     m.d.comb += masked.eq((beat.data & and_m) | or_m)
         m.d.comb += [
-            crc.state_in.eq(Mux(widx == 0, ICRC_INIT, crc_state)),
+            crc.state_in.eq(Mux(cur_widx == 0, ICRC_INIT, crc_state)),
             crc.data.eq(masked), crc.nbytes.eq(beat.nbytes),
         ]
         fl_next = Signal(17)
-        m.d.comb += fl_next.eq(fl + beat.nbytes)
+        m.d.comb += fl_next.eq(cur_fl + beat.nbytes)
         m.d.comb += [
-            wr.addr.eq(widx), wr.data.eq(beat.data), wr.en.eq(accept & (widx < depth)),
+            wr.addr.eq(wptr[:abits]), wr.data.eq(beat.data), wr.en.eq(accept & writing),
         ]
+        with m.If(chk & ~stall):
+            m.d.sync += [chk.eq(0), wstart.eq(cur_start), widx.eq(0), fl.eq(0),
+                         overflow.eq(0), badbeat.eq(0)]
         with m.If(accept):
             m.d.sync += [
                 crc_state.eq(crc.state_out),
                 fl.eq(Mux(fl_next[16], 0xFFFF, fl_next[:16])),
-                widx.eq(Mux(widx == depth, depth, widx + 1)),
+                widx.eq(Mux(cur_widx == maxbeats, maxbeats, cur_widx + 1)),
+                chk.eq(beat.last),
             ]
             with m.If(fl_next > self._max):
                 m.d.sync += overflow.eq(1)
             with m.If((beat.nbytes == 0) | (beat.nbytes > w) | (~beat.last & (beat.nbytes != w))):
                 m.d.sync += badbeat.eq(1)
-            with m.Switch(widx):
+            with m.Switch(cur_widx):
                 for b in range(nhdr):
                     with m.Case(b):
                         m.d.sync += hdr.word_select(b, 8 * w).eq(beat.data)
-            with m.If(beat.last):
-                m.d.sync += fsm.eq(CHECK)
 
         # ---------------------------------------------------------------- check
         hb = [hdr[8 * i:8 * i + 8] for i in range(nhdr * w)]
@@ -217,51 +248,59 @@ class Depacketizer(wiring.Component):
                             m.d.comb += parsed.imm.eq(_be(f[0:4]))
                         off += formats.HEADER_BYTES[h]
 
-        meta = Signal(PKT_META)
-        with m.If(fsm == CHECK):
-            m.d.comb += self.stat_bytes.eq(fl)
-            with m.If(struct_bad):
-                m.d.comb += self.stat_malformed.eq(1)
-            with m.Elif(icrc_bad):
-                m.d.comb += self.stat_icrc.eq(1)
-            with m.Elif(hdr_bad):
-                m.d.comb += self.stat_malformed.eq(1)
-            with m.Else():
-                m.d.comb += self.stat_ok.eq(1)
-            m.d.sync += [
-                meta.eq(parsed), fsm.eq(Mux(self.stat_ok, META, RECV)),
-                widx.eq(0), fl.eq(0), overflow.eq(0), badbeat.eq(0),
-            ]
+        with m.If(chk):
+            m.d.comb += good.eq(~struct_bad & ~icrc_bad & ~hdr_bad)
+            m.d.comb += [stall.eq(good & ~desc.w_rdy), commit.eq(good & desc.w_rdy)]
+            with m.If(~stall):
+                m.d.comb += self.stat_bytes.eq(fl)
+                with m.If(struct_bad):
+                    m.d.comb += self.stat_malformed.eq(1)
+                with m.Elif(icrc_bad):
+                    m.d.comb += self.stat_icrc.eq(1)
+                with m.Elif(hdr_bad):
+                    m.d.comb += self.stat_malformed.eq(1)
+                with m.Else():
+                    m.d.comb += self.stat_ok.eq(1)
+        w_desc = Signal(desc_layout)
+        m.d.comb += [
+            w_desc.meta.eq(parsed), w_desc.start.eq(wstart), w_desc.nbeats.eq(widx),
+            desc.w_data.eq(w_desc), desc.w_en.eq(commit),
+        ]
 
         # ---------------------------------------------------------------- emit
-        tx_hlen = _hlen_of(m, meta.opcode, "tx_hlen")
+        EMPTY, PAY = 0, 1
+        rstate = Signal()
+        r_desc = data.View(desc_layout, desc.r_data)
+        meta = Signal(PKT_META)
+        rstart = Signal(abits + 1)
+        rbeats = Signal(range(maxbeats + 1))
+        tx_hlen = _hlen_of(m, Mux(rstate == PAY, meta.opcode, r_desc.meta.opcode), "tx_hlen")
         j0 = Signal(range(nhdr + 1))
         s_amt = Signal(range(w))
         m.d.comb += [j0.eq(tx_hlen >> lw), s_amt.eq(tx_hlen[:lw])]
-        k = Signal(range(depth + 1))
+        k = Signal(range(maxbeats + 1))
         left = Signal(17)
         pay = self.o.payload
         advance = pay.valid & pay.ready
-        k_next = Signal(range(depth + 2))
-        m.d.comb += k_next.eq(Mux(fsm == PAY, k + advance, 0))
-        a_addr = Signal(range(depth + 2))
-        m.d.comb += a_addr.eq(j0 + k_next)
-        m.d.comb += [
-            rda.addr.eq(Mux(a_addr > depth, depth, a_addr)),
-            rdb.addr.eq(Mux(a_addr >= depth, depth, a_addr + 1)),
-        ]
+        a_addr = Signal(abits + 1)
+        m.d.comb += a_addr.eq(Mux(rstate == PAY, rstart + j0 + k + advance, r_desc.start + j0))
+        m.d.comb += [rda.addr.eq(a_addr[:abits]), rdb.addr.eq((a_addr + 1)[:abits])]
         joined = shift_mux(m, "rx_join", Cat(rda.data, rdb.data), s_amt, shifts, 8 * w,
                            left=False)
         is_last = left <= w
         nbytes = Mux(is_last, left, w)
 
-        m.d.comb += self.o.meta.p.eq(meta)
-        with m.If(fsm == META):
-            m.d.comb += self.o.meta.valid.eq(1)
-            with m.If(self.o.meta.ready):
-                m.d.sync += [k.eq(0), left.eq(meta.paylen),
-                             fsm.eq(Mux(meta.paylen == 0, RECV, PAY))]
-        with m.If(fsm == PAY):
+        m.d.comb += self.o.meta.p.eq(r_desc.meta)
+        with m.If(rstate == EMPTY):
+            m.d.comb += [self.o.meta.valid.eq(desc.r_rdy), desc.r_en.eq(self.o.meta.ready)]
+            with m.If(self.o.meta.valid & self.o.meta.ready):
+                m.d.sync += [meta.eq(r_desc.meta), rstart.eq(r_desc.start),
+                             rbeats.eq(r_desc.nbeats), k.eq(0), left.eq(r_desc.meta.paylen)]
+                with m.If(r_desc.meta.paylen == 0):
+                    m.d.sync += rtail.eq(r_desc.start + r_desc.nbeats)
+                with m.Else():
+                    m.d.sync += rstate.eq(PAY)
+        with m.Else():
             m.d.comb += [
                 pay.valid.eq(1), pay.p.data.eq(joined & byte_keep(nbytes, w)),
                 pay.p.nbytes.eq(nbytes), pay.p.last.eq(is_last),
@@ -269,5 +308,5 @@ class Depacketizer(wiring.Component):
             with m.If(pay.ready):
                 m.d.sync += [k.eq(k + 1), left.eq(left - w)]
                 with m.If(is_last):
-                    m.d.sync += fsm.eq(RECV)
+                    m.d.sync += [rstate.eq(EMPTY), rtail.eq(rstart + rbeats)]
         return m

@@ -1,8 +1,8 @@
 """RoCEv2 packetizer: header fields + payload stream in, complete Ethernet frame out.
 
 Models the transmit framing of a RoCEv2 RNIC (InfiniBand Architecture Specification
-vol. 1 rel. 1.4: chapter 9.2 BTH, 9.3 RETH/AtomicETH/ImmDt, 9.5 AETH/AtomicAckETH, in the
-order of ``formats.headers_of``; Annex A17.4 RoCEv2 encapsulation in UDP/IPv4, destination
+vol. 1 rel. 1.4: chapter 9.2 BTH, 9.3 extended transport headers RETH/AtomicETH/AETH/
+AtomicAckETH/ImmDt, in the order of ``formats.headers_of``; Annex A17.4 RoCEv2 encapsulation in UDP/IPv4, destination
 port 4791; Annex A17.3.3 invariant CRC). The frame is: Ethernet (02:00:00:00:00:<node>,
 type 0x0800), IPv4 (0x45, TOS 0, total length, id 0, DF, TTL 64, UDP, header checksum,
 192.0.2.<node+1>), UDP (source port from the meta, 4791, length, checksum 0), BTH (pad
@@ -26,7 +26,7 @@ replacing frame bytes 0-5 with zeros and 6-13 with 0xFF.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import stream, wiring
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 

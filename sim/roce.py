@@ -1,7 +1,7 @@
 """Pure-Python RoCEv2 frame encoder/decoder: the reference model of the packetizer and
 depacketizer (hw/packetizer.py, hw/depacketizer.py).
 
-Frame layout (InfiniBand Architecture Specification vol. 1 rel. 1.4, chapter 9.2-9.5 for
+Frame layout (InfiniBand Architecture Specification vol. 1 rel. 1.4, chapter 9.2-9.3 for
 BTH and extension headers, Annex A17.4 for the RoCEv2 UDP/IPv4 encapsulation, A17.3.3
 for the ICRC): Ethernet (dst 02:00:00:00:00:<dst_node>, src 02:00:00:00:00:<src_node>,
 type 0x0800), IPv4 (no options, DF, TTL 64, protocol 17, 192.0.2.<node+1>), UDP (source
