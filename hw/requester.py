@@ -6,24 +6,45 @@ the path MTU (9.7.1, 9.7.2), the requester's ACK/NAK and response handling (9.7.
 the send-queue completions (10.8, 11.4.2), including the flush of outstanding and posted
 work requests when the QP enters the Error state (10.3.1, 11.6.3).
 
-Structure: one control FSM serialises every action (apply QP event, doorbell, receive
-response, flush one work request, send one message), a :class:`~hw.scheduler.Scheduler`
-picks the next QP to send from, a :class:`~hw.wqe_fetch.WqeFetch` reads WQEs, and a memory
-of ``n_qps * max_outstanding`` entries holds each QP's in-order list of sent messages.
+Structure
+    * a control FSM (the send engine) serialises every action: apply a QP event, take a
+      doorbell, process one response packet, flush one work request, or send a batch of
+      messages of one QP;
+    * a :class:`~hw.scheduler.Scheduler` picks, round-robin, the next QP that may send
+      (RTS, posted WQEs not yet fetched, room in its tracker, READ/atomic budget left, not
+      waiting on a fence);
+    * a :class:`~hw.wqe_fetch.WqeFetch` reads up to :data:`WQE_BATCH` consecutive WQEs with one
+      DMA read; the engine sends them back to back while the QP may still issue and drops
+      (re-fetches later) the rest;
+    * for every request packet the engine queues its header (a FIFO of :data:`DESC_DEPTH`
+      descriptors) and requests its payload from host memory; a packet emitter sends each
+      header followed by its payload. The payload buffer (four MTUs) has room reserved for
+      every requested byte, so DMA read data is never back-pressured and the payload reads
+      of successive packets overlap;
+    * a memory of ``n_qps * max_outstanding`` entries holds each QP's in-order list of sent
+      messages (:data:`TRACKER_ENTRY`).
 
-Per-QP indices: ``pi`` (posted, from the doorbell), ``fi`` (next WQE to fetch / send) and
-``ci`` (oldest not yet completed); the tracker holds the messages ``ci .. fi-1``.
+Per-QP indices: ``pi`` (posted, from the doorbell), ``fi`` (next WQE to fetch and send) and
+``ci`` (oldest not completed); the tracker holds the messages ``ci .. fi-1``.
 
-Simplifications (documented, see the tests): no retransmission (a PSN sequence error or RNR
-NAK completes with RETRY_EXC_ERR / RNR_RETRY_EXC_ERR and moves the QP to ERR), no
-timeout; QP events are applied when the control FSM is idle (a message already being sent
-is finished first); an ERR event keeps the queues so that they can be flushed, every other
-event resets them; a fenced WQE that may not start yet is dropped and fetched again when
-the QP's READ/atomic requests have completed.
+Local errors are put in the tracker with their status (so that completions stay in order)
+and the QP goes to ERR; a NAK writes its status into the message it names. In ERR the
+tracker entries, then the posted WQEs (fetched to learn their wr_id), complete one by one:
+the first error with its own status, every other with WR_FLUSH_ERR.
+
+Simplifications: no retransmission and no timeout (a PSN sequence error NAK completes with
+RETRY_EXC_ERR, an RNR NAK with RNR_RETRY_EXC_ERR, and the QP goes to ERR); responses that do
+not match the oldest outstanding message (wrong PSN or kind, READ data outside the local
+buffer) are dropped; QP events are applied when the send engine is idle (packets already
+queued still leave); an ERR event keeps the queues so that they can be flushed, every other
+event resets them; the ``state`` field of the QP lookup is not used (the state comes from
+the QP events); a fenced WQE that may not start yet is dropped and fetched again when the
+QP's READ/atomic requests have completed.
 """
 
 from amaranth import *
 from amaranth.lib import data, memory, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
@@ -31,11 +52,16 @@ from . import formats, regmap
 from .config import NicConfig
 from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .interfaces import (QP_LOOKUP, CqeRequest, DmaReadClient, DmaWrite, DoorbellEvent,
-                         Lookup, PacketOut, QpErrRequest, QpEvent)
+                         Lookup, PacketOut, QpErrRequest, QpEvent, beat_layout)
 from .scheduler import Scheduler
 from .wqe_fetch import WqeFetch
 
-__all__ = ["Requester", "TRACKER_ENTRY"]
+__all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH"]
+
+#: WQEs read from the send queue by one DMA read (and processed back to back).
+WQE_BATCH = 4
+#: Request packets queued between the send engine and the packet emitter.
+DESC_DEPTH = 8
 
 #: One outstanding message of a QP (``status`` non-zero: failed locally or NAKed).
 TRACKER_ENTRY = data.StructLayout({
@@ -92,10 +118,16 @@ class Requester(wiring.Component):
         MO = cfg.max_outstanding
         mo_bits = exact_log2(MO)
         mtu_bits = exact_log2(cfg.mtu)
+        w_bits = exact_log2(W)
+        K = WQE_BATCH
+        pay_beats = 4 * cfg.mtu // W          # payload buffer: four full packets
 
         m.submodules.sched = sched = Scheduler(nq)
-        m.submodules.fetch = fetch = WqeFetch(W)
+        m.submodules.fetch = fetch = WqeFetch(W, K)
         wiring.connect(m, fetch.dma, wiring.flipped(self.wqe_rd))
+        # send engine -> packet emitter: header descriptors and payload beats
+        m.submodules.desc = desc = SyncFIFOBuffered(width=formats.PKT_META.size, depth=DESC_DEPTH)
+        m.submodules.payf = payf = SyncFIFOBuffered(width=beat_layout(W).size, depth=pay_beats)
 
         m.submodules.trk = trk = memory.Memory(shape=TRACKER_ENTRY, depth=nq * MO, init=[])
         trk_rd = trk.read_port(domain="comb")
@@ -138,6 +170,8 @@ class Requester(wiring.Component):
         # ---------------- FSM registers
         cur = Signal(self.qpn_bits)
         flushing = Signal()
+        batch_left = Signal(range(K + 1))   # WQEs of the current batch not yet taken
+        pay_res = Signal(range(pay_beats + 1))   # payload buffer beats requested, not yet sent
         wqe = Signal(formats.WQE)
         rxm = Signal(formats.PKT_META)
         cqe_reg = Signal(formats.CQE)
@@ -148,6 +182,8 @@ class Requester(wiring.Component):
         seg_first = Signal()
         meta_done = Signal()
         req_done = Signal()
+        pay_fits = Signal()
+        pay_take = Signal()
         rx_addr = Signal(64)
         rx_complete = Signal()       # this response completes the head message
 
@@ -279,7 +315,8 @@ class Requester(wiring.Component):
         paylen = Signal(16)
         m.d.comb += paylen.eq(Mux(single, 0, seg_len))
 
-        meta = self.tx.meta.payload
+        meta = Signal(formats.PKT_META)
+        m.d.comb += desc.w_data.eq(meta)
         m.d.comb += [
             meta.opcode.eq(bth_op),
             meta.src_node.eq(self.node_id),
@@ -356,8 +393,26 @@ class Requester(wiring.Component):
 
         # ---------------- control FSM
         m.d.comb += trk_wr.addr.eq(Cat(tail[cur][:mo_bits], cur))
-        m.d.comb += fetch.req.payload.addr.eq(
-            ctx.sq_base + ((fi[cur] & ((Const(1, 33) << ctx.sq_log_size) - 1)) << 6))
+        sq_mask = Signal(32)
+        m.d.comb += sq_mask.eq((Const(1, 33) << ctx.sq_log_size) - 1)
+        m.d.comb += fetch.req.payload.addr.eq(ctx.sq_base + ((fi[cur] & sq_mask) << 6))
+        # batch: what is posted, up to the end of the ring, the tracker room and WQE_BATCH
+        n_posted = Signal(16)
+        n_to_end = Signal(33)
+        n_room = Signal(mo_bits + 1)
+        n_batch = Signal(range(K + 1))
+        m.d.comb += [
+            n_posted.eq(pi[cur] - fi[cur]),
+            n_to_end.eq(sq_mask + 1 - (fi[cur] & sq_mask)),
+            n_room.eq(MO - count(cur)),
+        ]
+        prev = Const(K, range(K + 1))
+        for i, lim in enumerate((n_posted, n_to_end, n_room)):
+            nxt = Signal(range(K + 1), name=f"n_batch{i}")
+            m.d.comb += nxt.eq(Mux(lim < prev, lim, prev))
+            prev = nxt
+        m.d.comb += n_batch.eq(Mux(flushing, 1, prev))
+        m.d.comb += fetch.req.payload.count.eq(n_batch)
 
         ev_any = Signal()
         ev_sel = Signal(self.qpn_bits)
@@ -436,14 +491,32 @@ class Requester(wiring.Component):
             with m.State("FETCH"):
                 m.d.comb += fetch.req.valid.eq(1)
                 with m.If(fetch.req.ready):
-                    m.d.comb += self.stat_wqe_fetch.eq(1)
+                    m.d.sync += batch_left.eq(n_batch)
                     m.next = "FETCH_WAIT"
 
             with m.State("FETCH_WAIT"):
                 m.d.comb += fetch.wqe.ready.eq(1)
                 with m.If(fetch.wqe.valid):
-                    m.d.sync += wqe.eq(fetch.wqe.payload)
+                    m.d.comb += self.stat_wqe_fetch.eq(1)
+                    m.d.sync += [wqe.eq(fetch.wqe.payload), batch_left.eq(batch_left - 1)]
                     m.next = "CHECK"
+
+            with m.State("NEXT"):
+                # next WQE of the batch if the QP may still issue, else drop the rest
+                with m.If(batch_left == 0):
+                    m.next = "IDLE"
+                with m.Elif(eligible.bit_select(cur, 1)):
+                    m.next = "FETCH_WAIT"
+                with m.Else():
+                    m.next = "DRAIN"
+
+            with m.State("DRAIN"):
+                m.d.comb += fetch.wqe.ready.eq(1)
+                with m.If(fetch.wqe.valid):
+                    m.d.comb += self.stat_wqe_fetch.eq(1)
+                    m.d.sync += batch_left.eq(batch_left - 1)
+                    with m.If(batch_left == 1):
+                        m.next = "IDLE"
 
             with m.State("CHECK"):
                 with m.If(flushing):
@@ -455,7 +528,7 @@ class Requester(wiring.Component):
                 with m.Elif(wqe.flags[1] & (rd_out[cur] != 0)):
                     # fence: wait for the earlier READ/atomic requests, fetch again later
                     m.d.sync += fence_wait[cur].eq(1)
-                    m.next = "IDLE"
+                    m.next = "NEXT"
                 with m.Elif(loc_status != 0):
                     m.d.comb += [
                         trk_wr.en.eq(1),
@@ -480,30 +553,17 @@ class Requester(wiring.Component):
                     m.next = "SEND_META"
 
             with m.State("SEND_META"):
+                # queue the header and request the payload (if the buffer has room for it)
                 m.d.comb += [
-                    self.tx.meta.valid.eq(~meta_done),
-                    self.pay_rd.req.valid.eq(~req_done & (paylen != 0)),
+                    desc.w_en.eq(~meta_done),
+                    self.pay_rd.req.valid.eq(~req_done & (paylen != 0) & pay_fits),
+                    pay_take.eq(self.pay_rd.req.valid & self.pay_rd.req.ready),
                 ]
-                mdone = meta_done | self.tx.meta.ready
-                rdone = req_done | self.pay_rd.req.ready | (paylen == 0)
+                mdone = meta_done | desc.w_rdy
+                rdone = req_done | pay_take | (paylen == 0)
                 m.d.sync += [meta_done.eq(mdone), req_done.eq(rdone)]
                 with m.If(mdone & rdone):
                     m.d.sync += [meta_done.eq(0), req_done.eq(0)]
-                    with m.If(paylen != 0):
-                        m.next = "SEND_DATA"
-                    with m.Else():
-                        m.next = "SEG_END"
-
-            with m.State("SEND_DATA"):
-                m.d.comb += [
-                    self.tx.payload.valid.eq(self.pay_rd.resp.valid),
-                    self.tx.payload.payload.data.eq(self.pay_rd.resp.payload.data),
-                    self.tx.payload.payload.nbytes.eq(self.pay_rd.resp.payload.nbytes),
-                    self.tx.payload.payload.last.eq(self.pay_rd.resp.payload.last),
-                    self.pay_rd.resp.ready.eq(self.tx.payload.ready),
-                ]
-                with m.If(self.pay_rd.resp.valid & self.tx.payload.ready
-                          & self.pay_rd.resp.payload.last):
                     m.next = "SEG_END"
 
             with m.State("SEG_END"):
@@ -545,12 +605,12 @@ class Requester(wiring.Component):
                     self.stat_cas.eq(op == WrOpcode.ATOMIC_CMP_AND_SWP.value),
                     self.stat_faa.eq(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value),
                 ]
-                m.next = "IDLE"
+                m.next = "NEXT"
 
             with m.State("SET_ERR"):
                 m.d.comb += self.set_err.valid.eq(1)
                 with m.If(self.set_err.ready):
-                    m.next = "IDLE"
+                    m.next = "NEXT"
 
             with m.State("RX_ACK"):
                 with m.If(head_ws & ack_covers):
@@ -642,6 +702,40 @@ class Requester(wiring.Component):
                         m.next = "RX_ACK"
                     with m.Else():
                         m.next = "IDLE"
+
+        # ---------------- packet emitter: header, then its payload from the buffer
+        seg_beats = Signal(range(pay_beats + 1))
+        m.d.comb += seg_beats.eq((seg_len + (W - 1)) >> w_bits)
+        m.d.comb += pay_fits.eq(pay_res + seg_beats <= pay_beats)
+        # the DMA data always has a reserved place: never back-pressure the host
+        m.d.comb += [
+            payf.w_data.eq(Cat(self.pay_rd.resp.payload.data, self.pay_rd.resp.payload.nbytes,
+                               self.pay_rd.resp.payload.last)),
+            payf.w_en.eq(self.pay_rd.resp.valid),
+            self.pay_rd.resp.ready.eq(1),
+        ]
+        pay_pop = Signal()
+        out_meta = Signal(formats.PKT_META)
+        m.d.comb += out_meta.eq(desc.r_data)
+        with m.FSM(name="emit"):
+            with m.State("META"):
+                m.d.comb += [
+                    self.tx.meta.valid.eq(desc.r_rdy),
+                    self.tx.meta.payload.eq(out_meta),
+                    desc.r_en.eq(self.tx.meta.ready),
+                ]
+                with m.If(desc.r_rdy & self.tx.meta.ready & (out_meta.paylen != 0)):
+                    m.next = "DATA"
+            with m.State("DATA"):
+                m.d.comb += [
+                    self.tx.payload.valid.eq(payf.r_rdy),
+                    self.tx.payload.payload.eq(payf.r_data),
+                    payf.r_en.eq(self.tx.payload.ready),
+                    pay_pop.eq(payf.r_rdy & self.tx.payload.ready),
+                ]
+                with m.If(pay_pop & self.tx.payload.payload.last):
+                    m.next = "META"
+        m.d.sync += pay_res.eq(pay_res + Mux(pay_take, seg_beats, 0) - pay_pop)
 
         # ---------------- QP events: always accepted, applied from IDLE
         m.d.comb += self.qp_event.ready.eq(1)
