@@ -124,6 +124,16 @@ def test_packetizer_w64():
         assert frame == roce.encode(meta, payload), BthOpcode(meta["opcode"])
 
 
+@pytest.mark.parametrize("w", [16, 32])
+def test_packetizer_other_widths(w):
+    rng = random.Random(w)
+    ops = [BthOpcode.SEND_ONLY, BthOpcode.WRITE_ONLY_IMM, BthOpcode.READ_RESPONSE_FIRST,
+           BthOpcode.FETCH_ADD, BthOpcode.ATOMIC_ACKNOWLEDGE, BthOpcode.WRITE_ONLY]
+    cases = [random_case(rng, op, 100) for op in ops]
+    got = run_packetizer(w, cases, w + 1)
+    assert got == [roce.encode(meta, payload) for meta, payload in cases]
+
+
 def test_packetizer_throughput():
     """Without back-pressure a long payload goes out at one beat per cycle."""
     w = 8
@@ -348,6 +358,25 @@ def test_depacketizer_drops_w64():
         frames.append(bad)
         frames.append(roce.encode(*random_case(rng, rng.choice(list(BthOpcode)), 60)))
     check_depacketizer(64, frames, 18)
+
+
+def test_depacketizer_flip_every_byte():
+    """A bit flipped in each byte of a frame: the outcome is the reference's; only the
+    bytes the ICRC does not cover and that no header check reads get through."""
+    rng = random.Random(27)
+    meta, payload = random_case(rng, BthOpcode.SEND_ONLY_IMM, 0)
+    payload = rng.randbytes(9)
+    good = roce.encode(dict(meta, paylen=9), payload)
+    frames, undetected = [], set()
+    for off in range(len(good)):
+        f = bytearray(good)
+        f[off] ^= 1 << rng.randrange(8)
+        frames += [bytes(f), good]
+        if roce.classify(bytes(f)) == "ok":
+            undetected.add(off)
+    # MAC addresses, UDP checksum, BTH byte 4 (FECN/BECN/resv6)
+    assert undetected == set(range(12)) | {40, 41, 46}
+    check_depacketizer(8, frames, 28)
 
 
 def test_depacketizer_slow_reader():
