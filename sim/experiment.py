@@ -32,7 +32,9 @@ class Target:
 
     @property
     def met(self):
-        if isinstance(self.paper, bool) or self.paper is None:
+        if self.paper is None:          # no published figure for this setting
+            return False
+        if isinstance(self.paper, bool):
             return bool(self.model)
         if self.model is None:
             return False

@@ -226,6 +226,8 @@ class DmaSlave:
         self._rd_event = Event()
         self._pending = collections.deque()        # _Write, in completion order
         self._wr_event = Event()
+        self.visible = Event()                     # set whenever writes became visible
+        self.write_log = None                      # a list to record (addr, len) of writes
         self._rd_link_free = 0
         self._wr_link_free = 0
         self._busy_reads = 0
@@ -268,9 +270,13 @@ class DmaSlave:
 
     def _apply_writes_before(self, t_ps):
         """Make every write whose last beat was accepted at or before ``t_ps`` visible."""
+        applied = False
         while self._pending and self._pending[0].t_done <= t_ps:
             w = self._pending.popleft()
             self.mem.write(w.addr, w.data)
+            applied = True
+        if applied:
+            self.visible.set()
 
     @property
     def last_read_beat_ns(self):
@@ -400,6 +406,8 @@ class DmaSlave:
                     self._fail(f"DMA write to {cur[0]:#x}: len={cur[1]} but the beats "
                                f"carry {len(cur[2])} bytes")
                 self._pending.append(_Write(t, cur[0], bytes(cur[2])))
+                if self.write_log is not None:
+                    self.write_log.append((cur[0], cur[1]))
                 self.writes += 1
                 self.write_bytes += cur[1]
                 self._wr_cur = None

@@ -1,0 +1,257 @@
+"""cocotb tests of the two-node system (hw/system.py), scored against the reference model.
+
+Run through tests/test_system.py. Environment: ``RNIC_PRESET`` (default ``small``),
+``TB_SEED``, ``TB_OPS`` (random test size), ``TB_BACKPRESSURE`` (DMA ready-low probability).
+"""
+
+import os
+import random
+
+import cocotb
+
+from hw.config import preset
+from hw.formats import WrOpcode, WcStatus, Access, QpState
+from hw.regmap import Counter
+from sim.harness import TwoNodes, ALL_ACCESS
+from sim.scoreboard import Scoreboard
+from sim.verbs import SendWR, RecvWR, SendFlags, VerbsError
+
+CFG = preset(os.environ.get("RNIC_PRESET", "small"))
+SEED = int(os.environ.get("TB_SEED", "1"))
+OPS = int(os.environ.get("TB_OPS", "2000"))
+BP = float(os.environ.get("TB_BACKPRESSURE", "0.2"))
+
+W, R, S, SI, WI = (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ, WrOpcode.SEND,
+                   WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
+CAS, FAA = WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD
+
+
+def fill(host, addr, n, seed):
+    rng = random.Random(seed)
+    host.mem.write(addr, bytes(rng.getrandbits(8) for _ in range(n)))
+
+
+async def setup(dut, **kw):
+    sysm = await TwoNodes.start(dut, CFG, backpressure=kw.pop("backpressure", BP), seed=SEED,
+                                pcap=kw.pop("pcap", None))
+    a, b = await sysm.pair(**kw)
+    fill(sysm.a, a["buf"], 1 << 16, 1)
+    fill(sysm.b, b["buf"], 1 << 16, 2)
+    sb = Scoreboard(sysm)
+    sb.mirror()
+    return sysm, a, b, sb
+
+
+@cocotb.test()
+async def test_each_opcode(dut):
+    """WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, READ, CAS, FAA: single and multi-packet."""
+    sysm, a, b, sb = await setup(dut)
+    la, lk, ra, rk = a["buf"], a["mr"].lkey, b["buf"], b["mr"].rkey
+    mtu = CFG.nic.mtu
+    await sb.post_recv(b["qp"], [RecvWR(100 + i, b["buf"] + 0x8000 + 0x800 * i, 0x800, b["mr"].lkey)
+                                  for i in range(4)])
+    wrs = [
+        SendWR(1, W, (la, 8, lk), ra + 64, rk),
+        SendWR(2, W, (la + 3, 2 * mtu + 5, lk), ra + 1001, rk),
+        SendWR(3, R, (la + 0x2000, 8, lk), ra + 64, rk),
+        SendWR(4, R, (la + 0x2100 + 1, 3 * mtu + 7, lk), ra + 5, rk),
+        SendWR(5, S, (la + 0x300, 100, lk)),
+        SendWR(6, SI, (la + 0x400, mtu + 1, lk), imm=0xCAFEBABE),
+        SendWR(7, WI, (la + 0x500, 16, lk), ra + 0x3000, rk, imm=0x12345678),
+        SendWR(8, W, (la, 0, 0), ra, rk),
+        SendWR(9, CAS, (la + 0x600, 8, lk), ra + 0x4000, rk,
+               compare_add=int.from_bytes(sysm.b.mem.read(ra + 0x4000, 8), "little"), swap=77),
+        SendWR(10, CAS, (la + 0x608, 8, lk), ra + 0x4000, rk, compare_add=1, swap=99),
+        SendWR(11, FAA, (la + 0x610, 8, lk), ra + 0x4008, rk, compare_add=5),
+        SendWR(12, FAA, (la + 0x618, 8, lk), ra + 0x4008, rk, compare_add=2**64 - 1),
+        SendWR(13, W, (la + 0x700, 8, lk), ra + 0x700, rk, send_flags=0),
+        SendWR(14, R, (la + 0x710, 8, lk), ra + 0x700, rk),
+    ]
+    await sb.post_send(a["qp"], wrs)
+    n = await sb.check()
+    dut._log.info(f"{n} completions checked")
+    counters = await sysm.a.read_counters()
+    assert counters["OPS_WRITE"] == 5 and counters["OPS_READ"] == 3
+    assert counters["OPS_CAS"] == 2 and counters["OPS_FAA"] == 2
+    assert counters["OPS_SEND"] == 2 and counters["CQES"] == 13
+    assert counters["WQE_FETCHES"] >= 1 and counters["DMA_READS"] > 0
+    assert counters["RX_DROP_ICRC"] == 0 and counters["RX_DROP_MALFORMED"] == 0
+    b_counters = await sysm.b.read_counters()
+    assert b_counters["RX_PACKETS"] == counters["TX_PACKETS"]
+    assert b_counters["NAKS_SENT"] == 0
+
+
+async def _error_case(dut, make_wr, want_status, *, want_responder_err=False, post_recv=None,
+                      access=ALL_ACCESS):
+    sysm, a, b, sb = await setup(dut, access=access)
+    if post_recv is not None:
+        await sb.post_recv(b["qp"], post_recv(a, b))
+    wrs = [SendWR(1, W, (a["buf"], 8, a["mr"].lkey), b["buf"], b["mr"].rkey),
+           make_wr(a, b),
+           SendWR(3, W, (a["buf"] + 8, 8, a["mr"].lkey), b["buf"] + 8, b["mr"].rkey),
+           SendWR(4, R, (a["buf"] + 16, 8, a["mr"].lkey), b["buf"] + 16, b["mr"].rkey, send_flags=0)]
+    await sb.post_send(a["qp"], wrs)
+    await sb.check()
+    wcs = sb.actual[(0, a["qp"].qpn)]
+    statuses = [(w.wr_id, WcStatus(w.status).name) for w in wcs]
+    assert statuses[:2] == [(1, "SUCCESS"), (2, want_status)], statuses
+    assert all(s == "WR_FLUSH_ERR" for _, s in statuses[2:]) and len(statuses) == 4, statuses
+    # The QP is in ERR: a new post completes with a flush error.
+    await sb.post_send(a["qp"], SendWR(5, W, (a["buf"], 8, a["mr"].lkey), b["buf"], b["mr"].rkey))
+    await sb.check()
+    assert WcStatus(sb.actual[(0, a["qp"].qpn)][-1].status) == WcStatus.WR_FLUSH_ERR
+    return sysm, a, b, sb
+
+
+@cocotb.test()
+async def test_error_wrong_rkey(dut):
+    await _error_case(dut, lambda a, b: SendWR(2, W, (a["buf"], 8, a["mr"].lkey), b["buf"],
+                                               b["mr"].rkey ^ 0x01), "REM_ACCESS_ERR")
+
+
+@cocotb.test()
+async def test_error_out_of_bounds(dut):
+    await _error_case(dut, lambda a, b: SendWR(2, R, (a["buf"], 64, a["mr"].lkey),
+                                               b["buf"] + (1 << 16) - 32, b["mr"].rkey), "REM_ACCESS_ERR")
+
+
+@cocotb.test()
+async def test_error_missing_right(dut):
+    access = (Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ).value
+    await _error_case(dut, lambda a, b: SendWR(2, FAA, (a["buf"], 8, a["mr"].lkey), b["buf"],
+                                               b["mr"].rkey, compare_add=1), "REM_ACCESS_ERR",
+                      access=access)
+
+
+@cocotb.test()
+async def test_error_pd_mismatch(dut):
+    """An rkey of a region in another protection domain of the responder."""
+    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
+    a, b = await sysm.pair()
+    other_pd = sysm.b.ctx.alloc_pd()
+    other = await sysm.b.ctx.reg_mr(other_pd, b["buf"], 4096, ALL_ACCESS)
+    sb = Scoreboard(sysm)
+    sb.mirror()
+    await sb.post_send(a["qp"], [SendWR(1, W, (a["buf"], 8, a["mr"].lkey), b["buf"], other.rkey),
+                                 SendWR(2, W, (a["buf"], 8, a["mr"].lkey), b["buf"], b["mr"].rkey)])
+    await sb.check()
+    statuses = [WcStatus(w.status).name for w in sb.actual[(0, a["qp"].qpn)]]
+    assert statuses == ["REM_ACCESS_ERR", "WR_FLUSH_ERR"], statuses
+
+
+@cocotb.test()
+async def test_error_misaligned_atomic(dut):
+    await _error_case(dut, lambda a, b: SendWR(2, CAS, (a["buf"], 8, a["mr"].lkey), b["buf"] + 4,
+                                               b["mr"].rkey), "REM_INV_REQ_ERR")
+
+
+@cocotb.test()
+async def test_error_unknown_opcode(dut):
+    await _error_case(dut, lambda a, b: SendWR(2, 0x2A, (a["buf"], 8, a["mr"].lkey), b["buf"],
+                                               b["mr"].rkey), "LOC_QP_OP_ERR")
+
+
+@cocotb.test()
+async def test_error_bad_lkey(dut):
+    await _error_case(dut, lambda a, b: SendWR(2, W, (a["buf"], 8, a["mr"].lkey ^ 0x80), b["buf"],
+                                               b["mr"].rkey), "LOC_PROT_ERR")
+
+
+@cocotb.test()
+async def test_error_send_without_receive(dut):
+    await _error_case(dut, lambda a, b: SendWR(2, S, (a["buf"], 8, a["mr"].lkey)),
+                      "RNR_RETRY_EXC_ERR")
+
+
+@cocotb.test()
+async def test_error_send_too_long(dut):
+    await _error_case(dut, lambda a, b: SendWR(2, S, (a["buf"], 300, a["mr"].lkey)),
+                      "REM_INV_REQ_ERR",
+                      post_recv=lambda a, b: RecvWR(50, b["buf"], 100, b["mr"].lkey))
+
+
+@cocotb.test()
+async def test_error_send_queue_overflow(dut):
+    """post_send refuses to overflow; a doorbell that overflows anyway is rejected and the QP fails."""
+    sysm, a, b, sb = await setup(dut, sq_depth=4)
+    wrs = [SendWR(i, W, (a["buf"], 8, a["mr"].lkey), b["buf"], b["mr"].rkey) for i in range(5)]
+    try:
+        await a["qp"].post_send(wrs)
+    except VerbsError as e:
+        assert "ENOMEM" in str(e) or e.errno == 12
+    else:
+        raise AssertionError("post_send accepted 5 WQEs on a 4-entry send queue")
+    await a["qp"].post_send(wrs, allow_overflow=True)
+    for _ in range(200):
+        counters = await sysm.a.read_counters()
+        if counters["DOORBELL_REJECTS"]:
+            break
+    assert counters["DOORBELL_REJECTS"] == 1, counters
+
+
+@cocotb.test()
+async def test_error_illegal_transition(dut):
+    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
+    a, b = await sysm.pair()
+    try:
+        await a["qp"].modify_qp(QpState.RTR)
+    except ValueError as e:
+        assert "RTS" in str(e) and "RTR" in str(e)
+    else:
+        raise AssertionError("RTS -> RTR was accepted")
+
+
+@cocotb.test()
+async def test_random_mixed(dut):
+    """Random traffic over 8 QPs (4 pairs in each direction), sizes 0 B to beyond 16 KB."""
+    rng = random.Random(SEED)
+    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
+    npairs = CFG.nic.n_qps // 2
+    buf = 1 << 17
+    # Each pair has its own buffers. Requester side: [0, 32K) receives READ data and atomic
+    # results, [32K, 64K) is only ever read (WRITE/SEND sources); responder side: [64K, 128K)
+    # is the target of everything. Work requests of one QP are ordered, so the outcome is
+    # defined and the reference model can predict every byte.
+    dst_area, src_area, remote_area = 0, 1 << 15, 1 << 16
+    pairs = [await sysm.pair(buf_bytes=buf, sq_depth=64, rq_depth=64, cq_depth=512)
+             for _ in range(npairs)]
+    for i, (x, y) in enumerate(pairs):
+        fill(sysm.a, x["buf"], buf, 10 + i)
+        fill(sysm.b, y["buf"], buf, 20 + i)
+        for host, end in ((sysm.a, x), (sysm.b, y)):      # shared counters start at 0
+            host.mem.write(end["buf"] + remote_area, bytes(128))
+    sb = Scoreboard(sysm)
+    sb.mirror()
+    done = 0
+    wr_id = 0
+    while done < OPS:
+        batch = []
+        for k, (x, y) in enumerate(pairs):
+            # Even pairs send from a to b, odd pairs from b to a: both roles on both nodes.
+            src, dst = (x, y) if k % 2 == 0 else (y, x)
+            for _ in range(rng.randrange(1, 9)):
+                op = rng.choices([W, R, S, SI, WI, CAS, FAA], [30, 30, 10, 5, 5, 10, 10])[0]
+                if op in (CAS, FAA):
+                    size = 8
+                    loff = dst_area + (rng.randrange(0, (1 << 15) - 8) & ~7)
+                    roff = remote_area + rng.randrange(0, 16) * 8    # a few shared counters
+                else:
+                    size = rng.choice([0, 1, 8, 64, rng.randrange(1, 4096), rng.randrange(4096, 20000)])
+                    base = dst_area if op == R else src_area
+                    loff = base + rng.randrange(0, (1 << 15) - size + 1)
+                    roff = remote_area + rng.randrange(0, (1 << 16) - size + 1)
+                if op in (S, SI, WI):
+                    await sb.post_recv(dst["qp"], RecvWR(wr_id, dst["buf"] + remote_area, 1 << 16,
+                                                         dst["mr"].lkey))
+                flags = SendFlags.SIGNALED if rng.random() < 0.8 else 0
+                batch.append((src, SendWR(wr_id, op, (src["buf"] + loff, size, src["mr"].lkey),
+                                          dst["buf"] + roff, dst["mr"].rkey,
+                                          compare_add=rng.getrandbits(64) if op == FAA else rng.choice([0, rng.getrandbits(64)]),
+                                          swap=rng.getrandbits(64), imm=rng.getrandbits(32),
+                                          send_flags=flags)))
+                wr_id += 1
+        for src, wr in batch:
+            await sb.post_send(src["qp"], wr)
+        done += len(batch)
+        await sb.check(timeout_ns=20_000_000)
+    dut._log.info(f"random: {done} work requests, {sb.posted} posted")
