@@ -426,11 +426,18 @@ class Requester(wiring.Component):
                 m.d.comb += [fl_any.eq(1), fl_sel.eq(i)]
 
         ev_clear = Signal()
+        # a doorbell that was already waiting when a QP event arrived is taken before the
+        # event, so that doorbells and events take effect in the order they came
+        db_early = Signal()
+        with m.If(self.db.valid & self.db.ready):
+            m.d.sync += db_early.eq(0)
+        with m.Elif(self.db.valid & self.qp_event.valid):
+            m.d.sync += db_early.eq(1)
 
         with m.FSM():
             with m.State("IDLE"):
                 db_q = self.db.payload.qpn[:self.qpn_bits]
-                with m.If(ev_any):
+                with m.If(ev_any & ~(self.db.valid & db_early)):
                     m.d.comb += ev_clear.eq(1)
                     with m.If(ev_reset[ev_sel]):
                         m.d.sync += [

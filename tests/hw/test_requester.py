@@ -1015,3 +1015,43 @@ def test_pipelined_dma():
     # 8 packets; one DMA round trip each would take > 800 cycles
     assert len(world.tx) == 8
     assert world.tx[-1][0] - t0 < 300, [t for t, *_ in world.tx]
+
+
+def test_doorbell_before_event_keeps_order():
+    """A doorbell that waits while the engine is busy and a QP event that comes after it take
+    effect in that order: the event's reset discards the doorbell."""
+    world = World(CFG, 18, bp=0.0, dma_lat=100)
+    rng = random.Random(18)
+    setup_memory(world, rng)
+    w0 = [wqe(O.RDMA_WRITE, 8, SIG, local=GOOD["base"], remote=0x800000)]
+    stale = [wqe(O.SEND, 8, SIG, local=GOOD["base"]) for _ in range(2)]
+    fresh = [wqe(O.SEND, 16, SIG, local=GOOD["base"] + 0x100)]
+    world.final_psn[0] = None
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        await event(1, formats.QpState.INIT.value, 0)
+        for _ in range(3):
+            await ctx.tick()
+        world.post(0, w0[0])
+        world.ring(0)
+        await wait(lambda: len(world.wqe_reads) == 1)       # the engine waits for the WQE
+        for w in stale:
+            world.post(1, w)
+        world.ring(1)
+        await ctx.tick()
+        await ctx.tick()
+        assert world.db_q == deque()                         # taken by the doorbell driver
+        await event(1, formats.QpState.RTS.value, 40)        # resets QP 1: pi = ci = 0
+        await wait(lambda: len(world.cqes) >= 1)
+        for _ in range(300):
+            await ctx.tick()
+        assert [q for _, q, _, _ in world.tx] == [0]
+        world.posted[1] = []
+        world.post(1, fresh[0])
+        world.ring(1)
+        await wait(lambda: len(world.cqes) >= 2)
+
+    run(world, script)
+    check_success(world, 0, w0)
+    check_success(world, 1, fresh, 40)
