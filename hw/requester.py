@@ -48,7 +48,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
-from . import formats, regmap
+from . import formats
 from .config import NicConfig
 from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .interfaces import (QP_LOOKUP, CqeRequest, DmaReadClient, DmaWrite, DoorbellEvent,
@@ -208,9 +208,6 @@ class Requester(wiring.Component):
                    Mux(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value, WcOpcode.FETCH_ADD.value,
                        WcOpcode.SEND.value))))
 
-        def is_rd_atomic(op):
-            return (op >= WrOpcode.RDMA_READ.value) & (op <= WrOpcode.ATOMIC_FETCH_AND_ADD.value)
-
         def set_cqe(wr_id, status, opcode, byte_len):
             return [
                 cqe_reg.eq(0),
@@ -222,11 +219,11 @@ class Requester(wiring.Component):
             ]
 
         def pop_head():
-            """Remove the head message of QP cur (READ/atomic: also release its credit)."""
-            stmts = [head[cur].eq(head[cur] + 1), ci[cur].eq(ci[cur] + 1)]
-            return stmts
+            """Remove the head message of QP cur; it is completed."""
+            return [head[cur].eq(head[cur] + 1), ci[cur].eq(ci[cur] + 1)]
 
         def release_rd():
+            """A READ/atomic completed: give back its credit, maybe end a fence wait."""
             new = Signal(5)
             m.d.comb += new.eq(rd_out[cur] - 1)
             return [rd_out[cur].eq(new), rd_ok[cur].eq(new < rd_lim),
@@ -321,7 +318,8 @@ class Requester(wiring.Component):
             meta.opcode.eq(bth_op),
             meta.src_node.eq(self.node_id),
             meta.dst_node.eq(ctx.dest_node),
-            meta.se.eq(pkt_last & wqe.flags[2] & with_imm | pkt_last & wqe.flags[2] & (op == WrOpcode.SEND.value)),
+            # solicited event: last packet of a SEND or of a WRITE with immediate
+            meta.se.eq(pkt_last & wqe.flags[2] & (with_imm | (op == WrOpcode.SEND.value))),
             meta.ackreq.eq(pkt_last),
             meta.dest_qpn.eq(ctx.dest_qpn),
             meta.psn.eq(seg_psn),
