@@ -27,10 +27,12 @@ Structure
 Per-QP indices: ``pi`` (posted, from the doorbell), ``fi`` (next WQE to fetch and send) and
 ``ci`` (oldest not completed); the tracker holds the messages ``ci .. fi-1``.
 
-Local errors are put in the tracker with their status (so that completions stay in order)
-and the QP goes to ERR; a NAK writes its status into the message it names. In ERR the
+A WQE that fails the local checks is put in the tracker with its status (so that
+completions stay in order); the QP stops sending, the messages sent before it complete
+normally, and when the failed WQE is the oldest the QP goes to ERR (``set_err``). A NAK
+writes its status into the message it names and the QP goes to ERR at once. In ERR the
 tracker entries, then the posted WQEs (fetched to learn their wr_id), complete one by one:
-the first error with its own status, every other with WR_FLUSH_ERR.
+an entry that failed with its own status, every other with WR_FLUSH_ERR.
 
 Simplifications: no retransmission and no timeout (a PSN sequence error NAK completes with
 RETRY_EXC_ERR, an RNR NAK with RNR_RETRY_EXC_ERR, and the QP goes to ERR); responses that do
@@ -148,6 +150,9 @@ class Requester(wiring.Component):
         fence_wait = arr(1, "fence_wait")
         rts = arr(1, "rts")
         err = arr(1, "err")
+        # a local error waits until the messages sent before the failed WQE have completed
+        lerr = arr(1, "lerr")
+        lerr_idx = arr(16, "lerr_idx")
         # QP events waiting to be applied while the FSM is idle
         ev_pend = arr(1, "ev_pend")
         ev_reset = arr(1, "ev_reset")
@@ -161,9 +166,10 @@ class Requester(wiring.Component):
         flushable = Signal(nq)
         for i in range(nq):
             m.d.comb += [
-                eligible[i].eq(rts[i] & ~err[i] & ~ev_pend[i] & (fi[i] != pi[i])
+                eligible[i].eq(rts[i] & ~err[i] & ~lerr[i] & ~ev_pend[i] & (fi[i] != pi[i])
                                & (count(i) != MO) & rd_ok[i] & ~fence_wait[i]),
-                flushable[i].eq(err[i] & ~ev_pend[i] & (ci[i] != pi[i])),
+                flushable[i].eq((err[i] | (lerr[i] & (ci[i] == lerr_idx[i])))
+                                & ~ev_pend[i] & (ci[i] != pi[i])),
             ]
         m.d.comb += sched.req.eq(eligible)
 
@@ -443,7 +449,7 @@ class Requester(wiring.Component):
                             head[ev_sel].eq(0), tail[ev_sel].eq(0),
                             npsn[ev_sel].eq(ev_psn[ev_sel]),
                             rd_out[ev_sel].eq(0), rd_ok[ev_sel].eq(1),
-                            fence_wait[ev_sel].eq(0),
+                            fence_wait[ev_sel].eq(0), lerr[ev_sel].eq(0),
                         ]
                     m.d.sync += [
                         rts[ev_sel].eq(ev_state[ev_sel] == formats.QpState.RTS.value),
@@ -482,7 +488,11 @@ class Requester(wiring.Component):
                     m.next = "FETCH"
 
             with m.State("FLUSH"):
-                with m.If(nonempty):
+                with m.If(~err[cur]):
+                    # the failed WQE is now the oldest: the QP goes to ERR, then flushes
+                    m.d.sync += [err[cur].eq(1), lerr[cur].eq(0)]
+                    m.next = "SET_ERR"
+                with m.Elif(nonempty):
                     m.d.sync += set_cqe(ent.wr_id,
                                         Mux(ent.status != 0, ent.status,
                                             WcStatus.WR_FLUSH_ERR.value),
@@ -544,8 +554,8 @@ class Requester(wiring.Component):
                         trk_wr.data.last_psn.eq(npsn[cur]),
                     ]
                     m.d.sync += [tail[cur].eq(tail[cur] + 1), fi[cur].eq(fi[cur] + 1),
-                                 err[cur].eq(1)]
-                    m.next = "SET_ERR"
+                                 lerr[cur].eq(1), lerr_idx[cur].eq(fi[cur])]
+                    m.next = "NEXT"
                 with m.Else():
                     m.d.sync += [
                         seg_left.eq(wqe.length),
