@@ -20,7 +20,8 @@ Structure
       descriptors) and requests its payload from host memory; a packet emitter sends each
       header followed by its payload. The payload buffer (four MTUs) has room reserved for
       every requested byte, so DMA read data is never back-pressured and the payload reads
-      of successive packets overlap;
+      of successive packets overlap; a header leaves only once its whole payload is in the
+      buffer (store and forward), so a packet on ``tx`` never waits on host memory;
     * a memory of ``n_qps * max_outstanding`` entries holds each QP's in-order list of sent
       messages (:data:`TRACKER_ENTRY`).
 
@@ -732,14 +733,22 @@ class Requester(wiring.Component):
         pay_pop = Signal()
         out_meta = Signal(formats.PKT_META)
         m.d.comb += out_meta.eq(desc.r_data)
+        # store and forward: a header leaves only when its whole payload is in the buffer, so
+        # that whoever takes the header never waits on host memory for the rest of the packet
+        pkts_in = Signal(range(pay_beats + 1))
+        pkt_done = Signal()
+        m.d.sync += pkts_in.eq(pkts_in + (self.pay_rd.resp.valid & self.pay_rd.resp.payload.last)
+                               - pkt_done)
+        out_ok = Signal()
+        m.d.comb += out_ok.eq(desc.r_rdy & ((out_meta.paylen == 0) | (pkts_in != 0)))
         with m.FSM(name="emit"):
             with m.State("META"):
                 m.d.comb += [
-                    self.tx.meta.valid.eq(desc.r_rdy),
+                    self.tx.meta.valid.eq(out_ok),
                     self.tx.meta.payload.eq(out_meta),
-                    desc.r_en.eq(self.tx.meta.ready),
+                    desc.r_en.eq(self.tx.meta.ready & out_ok),
                 ]
-                with m.If(desc.r_rdy & self.tx.meta.ready & (out_meta.paylen != 0)):
+                with m.If(out_ok & self.tx.meta.ready & (out_meta.paylen != 0)):
                     m.next = "DATA"
             with m.State("DATA"):
                 m.d.comb += [
@@ -749,6 +758,7 @@ class Requester(wiring.Component):
                     pay_pop.eq(payf.r_rdy & self.tx.payload.ready),
                 ]
                 with m.If(pay_pop & self.tx.payload.payload.last):
+                    m.d.comb += pkt_done.eq(1)
                     m.next = "META"
         m.d.sync += pay_res.eq(pay_res + Mux(pay_take, seg_beats, 0) - pay_pop)
 

@@ -339,17 +339,21 @@ def run(world, script, max_cycles=20000):
             ctx.set(dut.tx.meta.ready, 0)
             meta = {name: int(getattr(p, name)) for name, _ in formats.PKT_META}
             payload = b""
+            paystall = 0
             if meta["paylen"]:
                 while True:
-                    ctx.set(dut.tx.payload.ready, rng.random() >= bp)
+                    ready = rng.random() >= bp
+                    ctx.set(dut.tx.payload.ready, ready)
                     _, _, v, r, b = await ctx.tick().sample(dut.tx.payload.valid, dut.tx.payload.ready,
                                                             dut.tx.payload.payload)
+                    paystall += ready and not v
                     if v and r:
                         payload += int(b.data).to_bytes(W, "little")[:b.nbytes]
                         if b.last:
                             break
                 ctx.set(dut.tx.payload.ready, 0)
             assert len(payload) == meta["paylen"]
+            assert paystall == 0, "payload beats must follow the header without waiting on DMA"
             q = remote_qpn[meta["dest_qpn"]]
             world.tx.append((world.t, q, meta, payload))
             respond(q, meta, payload)
