@@ -179,7 +179,11 @@ class Context(wiring.Component):
                                 (qp_args.max_rd_atomic > 16)):
                         m.d.sync += status.eq(CmdStatus.BAD_VALUE)
                     with m.Else():
-                        m.d.comb += qp_wr.en.eq(1)
+                        # A (re)created QP: the engines forget everything about its number.
+                        m.d.comb += [qp_wr.en.eq(1), cmd_event.eq(1)]
+                        m.d.sync += [ev.valid.eq(1), ev.payload.qpn.eq(index),
+                                     ev.payload.state.eq(QpState.RESET),
+                                     ev.payload.sq_psn.eq(0), ev.payload.rq_psn.eq(0)]
                 with m.Case(Cmd.MODIFY_QP):
                     with m.If(index >= cfg.n_qps):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)

