@@ -44,7 +44,7 @@ GOOD = MRS[1]
 
 
 def qp_ctx(q, **kw):
-    ctx = dict(sq_base=0x100000 * (q + 1), rq_base=0, sq_log_size=5, rq_log_size=0,
+    ctx = dict(sq_base=0x1000000 + 0x100000 * q, rq_base=0, sq_log_size=5, rq_log_size=0,
                send_cq=(q + 1) % 4, recv_cq=0, pd=1, dest_qpn=0x100 + q, dest_node=7 + q,
                access=0, max_rd_atomic=0)
     ctx.update(kw)
@@ -1050,3 +1050,39 @@ def test_doorbell_before_event_keeps_order():
     run(world, script)
     check_success(world, 0, w0)
     check_success(world, 1, fresh, 40)
+
+
+def test_large_messages_many_qps():
+    """Messages up to 20000 bytes (79 packets) on three of eight QPs, 16 outstanding, sq of 64."""
+    cfg = NicConfig(data_bytes=8, mtu=256, n_qps=8, n_mrs=8, n_cqs=8, max_outstanding=16)
+    qps = {q: qp_ctx(q, sq_log_size=6) for q in range(8)}
+    world = World(cfg, 2, bp=0.2, qps=qps, resp_lat=30, dma_lat=20)
+    rng = random.Random(2)
+    setup_memory(world, rng)
+    plan = {}
+    for q in (0, 1, 5):
+        ws = []
+        for i in range(7):
+            op = rng.choice([O.RDMA_WRITE, O.RDMA_READ, O.SEND, O.RDMA_WRITE_WITH_IMM, O.ATOMIC_FETCH_AND_ADD])
+            size = 8 if op == O.ATOMIC_FETCH_AND_ADD else rng.choice(
+                [0, 1, 64, rng.randrange(1, 4096), rng.randrange(4096, 20000)])
+            local = GOOD["base"] + (0x8000 if op not in (O.RDMA_READ, O.ATOMIC_FETCH_AND_ADD) else 0)
+            ws.append(wqe(op, size, SIG if rng.random() < 0.8 else 0, local=local,
+                          remote=0x800000 + q * 0x10000, cmp=3))
+        ws[-1]["flags"] |= SIG
+        plan[q] = ws
+
+    async def script(ctx, world, event, wait):
+        for q in plan:
+            await event(q, formats.QpState.RTS.value, 0)
+        for q in plan:
+            for w in plan[q]:
+                world.post(q, w)
+            world.ring(q)
+        need = sum(1 for q in plan for w in plan[q] if w["flags"] & SIG)
+        await wait(lambda: len(world.cqes) >= need, limit=60000)
+
+    run(world, script, max_cycles=60000)
+    for q in plan:
+        check_success(world, q, plan[q])
+    assert max(len(p) for _, _, _, p in world.tx) == 256
