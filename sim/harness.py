@@ -45,13 +45,15 @@ class Host:
         wcs = []
         deadline = now_ns() + timeout_ns
         while True:
+            # Clear before polling: a CQE that lands while poll_cq is itself waiting (on its
+            # consumer-index doorbell) sets the event again and is not missed.
+            self.dma.visible.clear()
             wcs += await cq.poll_cq(n - len(wcs))
             if len(wcs) >= n:
                 return wcs
             left = deadline - now_ns()
             if left <= 0:
                 raise TimeoutError(f"{len(wcs)} of {n} completions after {timeout_ns} ns")
-            self.dma.visible.clear()
             await First(self.dma.visible.wait(), Timer(max(1, int(left * 1000)), "ps"))
 
     async def read_counters(self):
