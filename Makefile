@@ -18,14 +18,17 @@ test-slow:
 	$(PY) -m pytest -m slow -q
 
 # make sim EXP=<name> [KEY=value ...]: every variable given on the command line is passed on
+# Variables given on the command line, passed on as KEY=value.
+CMDLINE_VARS = $(foreach v,$(filter-out EXP,$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),$(v)=$($(v))))
+
 sim:
-	$(PY) -m sim.run $(EXP) $(foreach v,$(filter-out EXP,$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),$(v)=$($(v))))
+	$(PY) -m sim.run $(EXP) $(CMDLINE_VARS)
 
 synth:
-	$(PY) -m fpga.synth
+	$(PY) -m fpga.synth --preset $(or $(PRESET),small) --top $(or $(TOP),system)
 
 bench:
-	$(PY) -m sim.bench
+	$(PY) -m sim.bench $(CMDLINE_VARS)
 
 clean:
 	rm -rf build results

@@ -49,9 +49,21 @@ def _dma_arbiter(cfg):
 
 
 #: Synthesizable tops: name -> factory(cfg: SystemConfig) -> wiring.Component.
+def _system(cfg):
+    from hw.system import TwoNodeSystem
+    return TwoNodeSystem(cfg)
+
+
+def _rnic(cfg):
+    from hw.rnic import Rnic
+    return Rnic(cfg.nic)
+
+
 TOPS = {
     "link": _link,
     "dma_arbiter": _dma_arbiter,
+    "rnic": _rnic,
+    "system": _system,
 }
 
 
