@@ -118,6 +118,12 @@ def _enum_or_int(enum_cls, value):
 # ---------------------------------------------------------------------------------------
 # Work requests and completions
 
+#: QP numbers 0 and 1 are the special QPs of subnet management and general services
+#: (IBA vol. 1, 3.9.3 and 13.5.1); an RC QP never has them, and Wireshark decodes traffic to
+#: them as management datagrams. The driver hands out QPNs from here on.
+FIRST_QPN = 2
+
+
 class SendFlags(IntFlag):
     """``ibv_send_flags`` as stored in the WQE flags byte."""
     SIGNALED = formats.WQE_FLAG_SIGNALED
@@ -499,7 +505,8 @@ class Context:
     POLICIES = ("mlx5", "per_thread")
 
     def __init__(self, mmio, mem, nic_cfg=None, node_id=0, *, host_base=0x1000_0000,
-                 host_size=1 << 24, doorbell_policy="mlx5", dedicated_doorbells=4):
+                 host_size=1 << 24, doorbell_policy="mlx5", dedicated_doorbells=4,
+                 first_qpn=FIRST_QPN):
         nic_cfg = NicConfig() if nic_cfg is None else nic_cfg
         if not isinstance(nic_cfg, NicConfig):
             raise ValueError(f"nic_cfg must be a NicConfig, not {type(nic_cfg).__name__}")
@@ -510,6 +517,8 @@ class Context:
             raise ValueError(f"doorbell_policy must be one of {list(self.POLICIES)}, "
                              f"not {doorbell_policy!r}")
         _check_int("dedicated_doorbells", dedicated_doorbells, 0, 512)
+        _check_int("first_qpn", first_qpn, 0, nic_cfg.n_qps - 1)
+        self.first_qpn = first_qpn
         self.mmio = mmio
         self.mem = mem
         self.cfg = nic_cfg
@@ -662,11 +671,12 @@ class Context:
         _check_int("max_rd_atomic", max_rd_atomic, 1, 16)
         access_v = int(getattr(access, "value", access))
         _check_int("access", access_v, 0, 15)
-        qpn = len(self.qps)
+        qpn = self.first_qpn + len(self.qps)
         if qpn >= self.cfg.n_qps:
-            raise ValueError(f"queue pairs: at most n_qps={self.cfg.n_qps} per context")
+            raise ValueError(f"queue pairs: at most n_qps={self.cfg.n_qps} per context, "
+                             f"QPNs from first_qpn={self.first_qpn}")
         if doorbell is None:
-            db_reg = self._pick_doorbell(qpn)
+            db_reg = self._pick_doorbell(len(self.qps))
         else:
             _check_int("doorbell", doorbell, 0, self.cfg.n_doorbells - 1)
             db_reg = doorbell
@@ -679,7 +689,7 @@ class Context:
         self.qps[qpn] = qp
         return qp
 
-    def _pick_doorbell(self, qpn):
+    def _pick_doorbell(self, index):
         n = self.cfg.n_doorbells
         if self.doorbell_policy == "per_thread":
             free = [r for r in range(n) if self.doorbell_users[r] == 0]
@@ -688,8 +698,8 @@ class Context:
                                  f"QP: all n_doorbells={n} registers are in use")
             return free[0]
         dedicated = self.dedicated_doorbells
-        if qpn < dedicated:
-            return qpn
+        if index < dedicated:
+            return index
         shared = range(dedicated, n)
         return min(shared, key=lambda r: (self.doorbell_users[r], r))
 

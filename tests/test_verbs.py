@@ -70,6 +70,8 @@ def run(coro):
 def make(**kw):
     cfg = kw.pop("cfg", NicConfig(n_qps=8, n_cqs=4, n_mrs=4, n_doorbells=16))
     mmio, mem = FakeMmio(), FakeMemory()
+    # first_qpn=0 keeps the byte-level expectations below simple; the default is tested apart.
+    kw.setdefault("first_qpn", 0)
     ctx = Context(mmio, mem, cfg, node_id=kw.pop("node_id", 3), host_base=0x10_0000,
                   host_size=1 << 20, **kw)
     return ctx, mmio, mem
@@ -621,7 +623,7 @@ def test_end_to_end_against_reference_nic():
     cfg = NicConfig(n_qps=4, n_cqs=4, n_mrs=4, n_doorbells=4)
     mems = [SparseMemory(), SparseMemory()]
     ctxs = [Context(RefNic(fab, i, mems[i]), mems[i], cfg, node_id=i, host_base=0x100000,
-                    host_size=1 << 20) for i in range(2)]
+                    host_size=1 << 20, first_qpn=0) for i in range(2)]
 
     async def go():
         for c in ctxs:
@@ -705,3 +707,16 @@ def test_mirror_into_reference_model():
     assert ref.run().completions == {(0, 0): [Completion(7, WcStatus.SUCCESS,
                                                          WcOpcode.RDMA_WRITE, 9, None, 0)]}
     assert n1.read(0x40010, 9) == b"mirror me"
+
+
+def test_default_qpns_skip_the_special_qps():
+    """QP 0 and 1 are SMI/GSI (IBA 3.9.3): the driver's first RC QP is number 2."""
+    from sim.verbs import FIRST_QPN
+    ctx, mmio, mem = make(first_qpn=FIRST_QPN)
+    pd = ctx.alloc_pd()
+    cq = run(ctx.create_cq(4))
+    qps = [run(ctx.create_qp(pd, cq)) for _ in range(NicConfig(n_qps=8).n_qps - 2)]
+    assert [q.qpn for q in qps] == list(range(2, 8))
+    assert qps[0].db_reg == 0                     # doorbells still go by creation order
+    with pytest.raises(ValueError, match="at most n_qps=8 per context, QPNs from first_qpn=2"):
+        run(ctx.create_qp(pd, cq))
