@@ -20,17 +20,54 @@ the message in progress) are read, the packet is checked, then executed (payload
 to ``dma_wr``; receive WQE and atomics through ``dma_rd``), then the CQE, the QP-error
 request and the ACK/NAK are issued in that order and the state row is written back.
 
-RDMA READs do not hold the FSM for the DMA round trip: the FSM queues a descriptor (FIFO of
-``max(2, max_rd_atomic)`` entries) for the **read-response engine**, issues all the READ's
-DMA reads (at most one MTU each) and goes on with the next request. The engine emits the
-READ_RESPONSE packets in order, streaming the DMA data (routed to it by the DMA tag
-``READ_DMA_TAG``; the DMA answers in request order) to ``tx.payload``. Every other packet the
-responder sends (ACK/NAK, ATOMIC_ACKNOWLEDGE) waits until the queued READ responses are out,
-so responses leave in PSN order. Because a READ's DMA reads are issued before the next
-request executes, a later WRITE or atomic cannot overtake them at the DMA engine. Atomics
-and receive-WQE fetches wait for their own DMA data (one atomic at a time, see
-:mod:`hw.atomic`). ``dma_rd`` requests come only from the FSM and the atomic unit (a static
-multiplexer selected by the FSM state); ``dma_wr`` from the FSM (payload) or the atomic unit.
+Responses (ACK/NAK, RNR NAK, READ responses, ATOMIC_ACKNOWLEDGE) are never sent by the
+FSM itself: it writes one **response descriptor** (:data:`RESP_ENTRY`) into the ordered
+response queue and goes on with the next request. Two engines work on that queue:
+
+* the **read prefetcher** walks the queue ahead of the transmitter; for every READ
+  descriptor it issues the DMA read of each response packet (at most one MTU, tag
+  ``READ_DMA_TAG``) as soon as the payload ring (``read_buffers`` MTUs of beats) has room
+  reserved for the whole packet; the DMA data goes straight into the ring;
+* the **response transmitter** takes the descriptors in queue order and sends them on
+  ``tx``: an ACK/NAK or ATOMIC_ACKNOWLEDGE as one header, a READ as its READ_RESPONSE
+  FIRST/MIDDLE/LAST/ONLY packets, each header leaving only once the packet's whole payload is
+  in the ring (store and forward), followed by the payload from the ring.
+
+``dma_rd`` requests come from the FSM (receive WQE), the atomic unit and the prefetcher
+(a two-way arbiter that keeps a request offered until taken); the DMA answers in request
+order and the data is routed by tag: READ data to the ring, the rest to the FSM / atomic unit
+(which are waiting for it). ``dma_wr`` is driven by the FSM (payload) or the atomic unit.
+
+Deadlock freedom
+----------------
+A node's responder, requester and the network form a loop (responder -> tx -> link -> the
+peer's receive path -> the peer's responder -> the peer's tx -> link -> our receive path ->
+our responder). The responder breaks it on its side with three rules:
+
+1. **The request path never waits for tx.** Every response goes into ONE ordered response
+   queue (a ``lib.memory`` ring of ``n_qps * max_outstanding`` descriptors), emitted by the
+   transmitter strictly in queue order, so the responses of a QP leave in PSN order (IBA
+   9.7.5: the responder returns ACKs, NAKs, READ responses and atomic acknowledges in the
+   order of the requests). Each requester QP has at most ``max_outstanding`` messages
+   outstanding, each causing at most one response descriptor, so the queue cannot fill with
+   a conforming peer. If it is full anyway (a configuration error) the FSM waits and
+   ``stat_resp_full`` pulses every cycle it waits.
+2. **READ DMA data is always accepted at once.** The prefetcher issues the DMA read of a
+   response packet only after reserving ring space for all of its beats (the ring holds
+   ``read_buffers`` >= 2 MTUs, so the read of the next packet overlaps sending the current
+   one); a header goes to ``tx`` only when its payload is complete. READ data therefore
+   never blocks the single in-order DMA response stream that the other read clients (the FSM,
+   the atomic unit, the requester) share.
+3. **The FSM's own DMA reads (receive WQE, atomic operand) are consumed as soon as they
+   arrive**: the FSM (or the atomic unit) waits for them right after issuing them.
+
+Ordering consequence: a READ's data is read from host memory when its packet is prefetched,
+which may be after later requests of the same QP have executed. IBA 9.5 (transaction
+ordering) allows this: a SEND / RDMA WRITE / atomic that follows an RDMA READ may be executed
+before the READ's data is read (the requester sets the fence indicator, IBA 10.8.3.3, when
+it needs the READ to complete first). Requests that precede a READ are always executed
+before its data is read (their DMA writes are issued before the READ is queued, and a DMA
+read does not pass an earlier write).
 
 Checks, in order (the first failing one decides):
 
@@ -63,12 +100,15 @@ Ports
 ``qp``: ``Out(Lookup(log2(n_qps), QP_LOOKUP))``, ``mr``: ``Out(Lookup(log2(n_mrs), MR_ENTRY))``,
 ``qp_event``: ``In(QpEvent())``, ``rq_db``: ``In(DoorbellEvent())``, ``set_err``: ``Out(QpErrRequest())``,
 ``dma_rd``: ``Out(DmaReadClient(W))``, ``dma_wr``: ``Out(DmaWrite(W))``, ``cqe``: ``Out(CqeRequest())``,
-``stat_nak``: ``Out(1)``, ``stat_drop``: ``Out(1)``.
+``stat_nak``: ``Out(1)`` (a NAK leaves on ``tx``), ``stat_drop``: ``Out(1)``,
+``stat_resp_full``: ``Out(1)`` (the FSM waits for room in the response queue this cycle).
+
+Parameter ``read_buffers`` (power of two in [2, 16], default 4): size of the READ payload
+ring in MTUs.
 """
 
 from amaranth.hdl import Module, Signal, Const, Mux
 from amaranth.lib import data, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -78,11 +118,12 @@ from .config import NicConfig
 from .formats import (BthOpcode as Op, AethSyndrome as Syn, Access, QpState, WcOpcode, WcStatus,
                       PKT_META, RECV_WQE, RECV_WQE_BYTES, CQE_FLAG_IMM, MR_ENTRY)
 from .interfaces import (PacketOut, Lookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
-                         DmaReadClient, DmaWrite, CqeRequest)
+                         DmaReadClient, DmaWrite, CqeRequest, beat_layout)
 from .regmap import mkey_index  # noqa: F401  (the MR slot computed below is the same function)
 
-__all__ = ["Responder", "RSP_STATE", "RD_DESC", "RNR_TIMER", "UDP_SPORT_BASE",
-           "MSG_NONE", "MSG_SEND", "MSG_WRITE", "WQE_DMA_TAG", "READ_DMA_TAG"]
+__all__ = ["Responder", "RSP_STATE", "RESP_ENTRY", "RNR_TIMER", "UDP_SPORT_BASE",
+           "MSG_NONE", "MSG_SEND", "MSG_WRITE", "WQE_DMA_TAG", "READ_DMA_TAG",
+           "RESP_ACK", "RESP_READ", "RESP_ATOMIC"]
 
 #: RNR NAK timer code sent in the AETH (IBA table 45: 0x0E = 1.92 ms)
 RNR_TIMER = 0x0E
@@ -106,24 +147,34 @@ RSP_STATE = data.StructLayout({
 })
 
 
-#: One RDMA READ handed to the read-response engine.
-RD_DESC = data.StructLayout({
-    "psn": 24,        # PSN of the first response (= the request's PSN)
-    "len": 32,        # DMA length of the READ
-    "msn": 24,        # MSN for the AETH of FIRST / LAST / ONLY
+#: Kinds of response descriptors.
+RESP_ACK, RESP_READ, RESP_ATOMIC = 0, 1, 2
+
+#: One entry of the ordered response queue.
+RESP_ENTRY = data.StructLayout({
+    "kind": 2,        # RESP_ACK (ACK / NAK / RNR NAK), RESP_READ, RESP_ATOMIC
+    "psn": 24,        # PSN of the (first) response
+    "syn": 8,         # AETH syndrome (READ: ACK)
+    "msn": 24,        # AETH MSN
     "dest_node": 8,
     "dest_qpn": 24,
     "udp_sport": 16,
+    "arg": 64,        # READ: virtual address; ATOMIC: original value
+    "len": 32,        # READ: DMA length
 })
 
 
 class Responder(wiring.Component):
     """RC responder: executes request packets, answers ACK/NAK/READ/atomic responses."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, read_buffers=4):
         if not isinstance(cfg, NicConfig):
             raise ValueError(f"cfg must be a hw.config.NicConfig, not {cfg!r}")
+        if (not isinstance(read_buffers, int) or isinstance(read_buffers, bool)
+                or not 2 <= read_buffers <= 16 or read_buffers & (read_buffers - 1)):
+            raise ValueError(f"read_buffers must be a power of two in [2, 16], not {read_buffers!r}")
         self.cfg = cfg
+        self.read_buffers = read_buffers
         W = cfg.data_bytes
         self.qpn_bits = exact_log2(cfg.n_qps)
         self.mr_bits = exact_log2(cfg.n_mrs)
@@ -141,6 +192,7 @@ class Responder(wiring.Component):
             "cqe": Out(CqeRequest()),
             "stat_nak": Out(1),
             "stat_drop": Out(1),
+            "stat_resp_full": Out(1),
         })
 
     def elaborate(self, platform):
@@ -184,8 +236,6 @@ class Responder(wiring.Component):
         wqe = Signal(RECV_WQE)
         wqe_beats = RECV_WQE_BYTES // W if W < RECV_WQE_BYTES else 1
         wqe_cnt = Signal(range(wqe_beats + 1))
-        rd_addr = Signal(64)           # READ: next DMA request address / bytes left to request
-        rd_rem = Signal(32)
         orig = Signal(64)
 
         qpn = pk.dest_qpn[:qb]
@@ -277,36 +327,66 @@ class Responder(wiring.Component):
                 c_len.eq(byte_len), c_wr_id.eq(wr_id), c_flags.eq(Mux(imm_flag, CQE_FLAG_IMM, 0)),
             ]
 
-        # ---- tx meta: fields common to every response --------------------------------
-        tm = self.tx.meta.payload
-        m.d.comb += [
-            tm.src_node.eq(self.node_id),
-            tm.dst_node.eq(ctx.dest_node),
-            tm.dest_qpn.eq(ctx.dest_qpn),
-            tm.udp_sport.eq(UDP_SPORT_BASE | pk.dest_qpn[:14]),
-        ]
-
-        rd_chunk = Mux(rd_rem > mtu, mtu, rd_rem)
-        rd_last = rd_rem <= mtu
         n_resp = Mux(pk.dma_len == 0, 1, (pk.dma_len + (mtu - 1)) >> exact_log2(mtu))
 
-        # ---- read-response engine: READ descriptors, responses emitted in order ------
-        rd_depth = max(2, cfg.max_rd_atomic)
-        m.submodules.rd_fifo = rd_fifo = SyncFIFOBuffered(width=RD_DESC.size, depth=rd_depth)
-        rd_out = Signal(range(rd_depth + 2))   # READs queued or being answered
-        rd_inc = Signal()
-        rd_dec = Signal()
-        m.d.sync += rd_out.eq(rd_out + rd_inc - rd_dec)
-        rtx_busy = rd_out != 0
+        # ---- the ordered response queue (rule 1 of "Deadlock freedom") ----------------
+        qd = cfg.n_qps * cfg.max_outstanding
+        qk = exact_log2(qd)
+        m.submodules.resp_q = resp_q = Memory(shape=RESP_ENTRY, depth=qd, init=[])
+        q_wr = resp_q.write_port()
+        q_rp = resp_q.read_port(domain="sync", transparent_for=(q_wr,))    # prefetcher
+        q_rt = resp_q.read_port(domain="sync", transparent_for=(q_wr,))    # transmitter
+        q_w = Signal(qk + 1)           # free-running pointers: write >= prefetch >= transmit
+        q_p = Signal(qk + 1)
+        q_t = Signal(qk + 1)
+        q_full = (q_w - q_t)[:qk + 1] == qd
+        q_push = Signal()              # the FSM offers q_entry
+        q_entry = Signal(RESP_ENTRY)
+        m.d.comb += [
+            q_wr.addr.eq(q_w[:qk]),
+            q_wr.data.eq(q_entry),
+            q_wr.en.eq(q_push & ~q_full),
+            self.stat_resp_full.eq(q_push & q_full),
+        ]
+        with m.If(q_push & ~q_full):
+            m.d.sync += q_w.eq(q_w + 1)
 
-        # dma_rd responses: READ data to the read-response engine, the rest (receive WQE,
-        # atomic) to the main FSM; both are in request order on the one response stream
+        def push(kind, psn, syn, msn, arg=0, length=0):
+            """Offer one response descriptor; returns the condition under which it is taken."""
+            m.d.comb += [
+                q_push.eq(1),
+                q_entry.kind.eq(kind), q_entry.psn.eq(psn), q_entry.syn.eq(syn),
+                q_entry.msn.eq(msn), q_entry.arg.eq(arg), q_entry.len.eq(length),
+                q_entry.dest_node.eq(ctx.dest_node), q_entry.dest_qpn.eq(ctx.dest_qpn),
+                q_entry.udp_sport.eq(UDP_SPORT_BASE | pk.dest_qpn[:14]),
+            ]
+            return ~q_full
+
+        # ---- dma_rd: the FSM / atomic unit and the READ prefetcher share the request port
+        f_req_valid = Signal()
+        f_req = Signal.like(self.dma_rd.req.payload)
+        f_req_ready = Signal()
+        p_req_valid = Signal()
+        p_req = Signal.like(self.dma_rd.req.payload)
+        p_req_ready = Signal()
+        p_lock = Signal()              # the prefetcher's request is on the port, not yet taken
+        sel_p = p_req_valid & (p_lock | ~f_req_valid)
+        m.d.comb += [
+            self.dma_rd.req.valid.eq(Mux(sel_p, p_req_valid, f_req_valid)),
+            self.dma_rd.req.payload.eq(Mux(sel_p, p_req, f_req)),
+            p_req_ready.eq(sel_p & self.dma_rd.req.ready),
+            f_req_ready.eq(~sel_p & self.dma_rd.req.ready),
+        ]
+        m.d.sync += p_lock.eq(sel_p & ~self.dma_rd.req.ready)
+
+        # dma_rd responses: READ data to the payload ring (always accepted: space was
+        # reserved), the rest (receive WQE, atomic) to the FSM, which is waiting for them;
+        # both are in request order on the one response stream
         resp = self.dma_rd.resp
         resp_is_read = resp.payload.tag == READ_DMA_TAG
         m_resp_valid = resp.valid & ~resp_is_read
         m_resp_ready = Signal()
-        r_resp_ready = Signal()
-        m.d.comb += resp.ready.eq(Mux(resp_is_read, r_resp_ready, m_resp_ready))
+        m.d.comb += resp.ready.eq(resp_is_read | m_resp_ready)
         ev = self.qp_event.payload
         ev_ok = self.qp_event.valid & ((ev.qpn >> qb) == 0)
         kill_now = ev_ok & (ev.qpn[:qb] == qpn)
@@ -409,7 +489,6 @@ class Responder(wiring.Component):
                         # the expected PSN advances by the number of responses
                         m.d.sync += [
                             f_wb.eq(1), s.msn.eq(s.msn + 1), s.epsn.eq(pk.psn + n_resp),
-                            rd_addr.eq(pk.va), rd_rem.eq(pk.dma_len),
                         ]
                         m.next = "RD_PUSH"
 
@@ -428,12 +507,12 @@ class Responder(wiring.Component):
             # ---- receive WQE fetch -------------------------------------------------------
             with m.State("WQE_REQ"):
                 m.d.comb += [
-                    self.dma_rd.req.valid.eq(1),
-                    self.dma_rd.req.payload.addr.eq(wqe_addr),
-                    self.dma_rd.req.payload.len.eq(RECV_WQE_BYTES),
-                    self.dma_rd.req.payload.tag.eq(WQE_DMA_TAG),
+                    f_req_valid.eq(1),
+                    f_req.addr.eq(wqe_addr),
+                    f_req.len.eq(RECV_WQE_BYTES),
+                    f_req.tag.eq(WQE_DMA_TAG),
                 ]
-                with m.If(self.dma_rd.req.ready):
+                with m.If(f_req_ready):
                     m.d.sync += wqe_cnt.eq(0)
                     m.next = "WQE_DATA"
 
@@ -505,44 +584,18 @@ class Responder(wiring.Component):
                     with m.Else():
                         m.next = "FIN_DISCARD"
 
-            # ---- RDMA READ: queue a descriptor, issue the DMA reads -------------------
+            # ---- RDMA READ: queue its descriptor, the engines do the rest -----------
             with m.State("RD_PUSH"):
-                desc = Signal(RD_DESC)
-                m.d.comb += [
-                    desc.psn.eq(pk.psn), desc.len.eq(pk.dma_len), desc.msn.eq(s.msn),
-                    desc.dest_node.eq(ctx.dest_node), desc.dest_qpn.eq(ctx.dest_qpn),
-                    desc.udp_sport.eq(UDP_SPORT_BASE | pk.dest_qpn[:14]),
-                    rd_fifo.w_data.eq(desc),
-                    rd_fifo.w_en.eq(1),
-                ]
-                with m.If(rd_fifo.w_rdy):
-                    m.d.comb += rd_inc.eq(1)
-                    m.next = "RD_REQ"
-
-            with m.State("RD_REQ"):
-                # every DMA read of this READ is issued before the next request is executed,
-                # so later WRITEs/atomics cannot overtake it at the DMA engine
-                with m.If(rd_rem == 0):
+                with m.If(push(RESP_READ, pk.psn, Syn.ACK.value, s.msn, arg=pk.va, length=pk.dma_len)):
                     m.next = "FIN_DISCARD"
-                with m.Else():
-                    m.d.comb += [
-                        self.dma_rd.req.valid.eq(1),
-                        self.dma_rd.req.payload.addr.eq(rd_addr),
-                        self.dma_rd.req.payload.len.eq(rd_chunk),
-                        self.dma_rd.req.payload.tag.eq(READ_DMA_TAG),
-                    ]
-                    with m.If(self.dma_rd.req.ready):
-                        m.d.sync += [rd_addr.eq(rd_addr + rd_chunk), rd_rem.eq(rd_rem - rd_chunk)]
-                        with m.If(rd_last):
-                            m.next = "FIN_DISCARD"
 
             # ---- atomics --------------------------------------------------------------
             def connect_atomic_dma():
                 a_rd, a_wr = atomic.dma_rd, atomic.dma_wr
                 m.d.comb += [
-                    self.dma_rd.req.valid.eq(a_rd.req.valid),
-                    self.dma_rd.req.payload.eq(a_rd.req.payload),
-                    a_rd.req.ready.eq(self.dma_rd.req.ready),
+                    f_req_valid.eq(a_rd.req.valid),
+                    f_req.eq(a_rd.req.payload),
+                    a_rd.req.ready.eq(f_req_ready),
                     a_rd.resp.valid.eq(m_resp_valid),
                     a_rd.resp.payload.eq(resp.payload),
                     m_resp_ready.eq(a_rd.resp.ready),
@@ -571,17 +624,8 @@ class Responder(wiring.Component):
                     m.next = "AT_ACK"
 
             with m.State("AT_ACK"):
-                with m.If(~rtx_busy):                      # after every queued READ response
-                    m.d.comb += [
-                        self.tx.meta.valid.eq(1),
-                        tm.opcode.eq(Op.ATOMIC_ACKNOWLEDGE.value),
-                        tm.psn.eq(pk.psn),
-                        tm.syndrome.eq(Syn.ACK.value),
-                        tm.msn.eq(s.msn),
-                        tm.orig.eq(orig),
-                    ]
-                    with m.If(self.tx.meta.ready):
-                        m.next = "FIN_DISCARD"
+                with m.If(push(RESP_ATOMIC, pk.psn, Syn.ACK.value, s.msn, arg=orig)):
+                    m.next = "FIN_DISCARD"
 
             # ---- finishing sequence: discard, CQE, QP error, ACK/NAK, write-back ------
             fin_stages = [("FIN_CQE", f_cqe), ("FIN_ERR", f_err), ("FIN_ACK", f_ack), ("FIN_WB", f_wb)]
@@ -632,17 +676,8 @@ class Responder(wiring.Component):
                     fin_next(2)
 
             with m.State("FIN_ACK"):
-                with m.If(~rtx_busy):                      # after every queued READ response
-                    m.d.comb += [
-                        self.tx.meta.valid.eq(1),
-                        tm.opcode.eq(Op.ACKNOWLEDGE.value),
-                        tm.psn.eq(ack_psn),
-                        tm.syndrome.eq(ack_syn),
-                        tm.msn.eq(ack_msn),
-                    ]
-                    with m.If(self.tx.meta.ready):
-                        m.d.comb += self.stat_nak.eq(ack_syn != Syn.ACK.value)
-                        fin_next(3)
+                with m.If(push(RESP_ACK, ack_psn, ack_syn, ack_msn)):
+                    fin_next(3)
 
             with m.State("FIN_WB"):
                 with m.If(killed | kill_now):
@@ -652,25 +687,111 @@ class Responder(wiring.Component):
                     m.next = "IDLE"
                 # else: the write port is taken by an event for another QP this cycle; retry
 
-        # ---- read-response engine -------------------------------------------------------
-        rd = Signal(RD_DESC)
+        # ---- READ payload ring (rule 2 of "Deadlock freedom") --------------------------
+        cap = self.read_buffers * mtu // W            # beats; a power of two
+        ck = exact_log2(cap)
+        m.submodules.ring = ring = Memory(shape=beat_layout(W), depth=cap, init=[])
+        ring_wr = ring.write_port()
+        ring_rd = ring.read_port(domain="sync", transparent_for=())
+        r_wp = Signal(ck)                  # next beat written by DMA data
+        r_rp = Signal(ck)                  # next beat sent
+        r_used = Signal(range(cap + 1))    # beats reserved (requested, not yet sent)
+        r_alloc = Signal(range(mtu // W + 1))
+        r_free = Signal()
+        n_filled = Signal(ck + 1)          # packets completely in the ring (free running)
+        n_sent = Signal(ck + 1)            # packets whose payload has been sent
+        m.d.sync += r_used.eq(r_used + r_alloc - r_free)
+        with m.If(resp.valid & resp_is_read):
+            m.d.comb += [
+                ring_wr.addr.eq(r_wp),
+                ring_wr.data.data.eq(resp.payload.data),
+                ring_wr.data.nbytes.eq(resp.payload.nbytes),
+                ring_wr.data.last.eq(resp.payload.last),
+                ring_wr.en.eq(1),
+            ]
+            m.d.sync += r_wp.eq(r_wp + 1)
+            with m.If(resp.payload.last):
+                m.d.sync += n_filled.eq(n_filled + 1)
+
+        # ---- read prefetcher: walks the response queue, requests READ data ----------
+        p_adv = Signal()
+        m.d.comb += q_rp.addr.eq((q_p + p_adv)[:qk])    # data of entry q_p in the next cycle
+        m.d.sync += q_p.eq(q_p + p_adv)
+        pe = q_rp.data
+        pf_addr = Signal(64)
+        pf_rem = Signal(32)
+        pf_chunk = Mux(pf_rem > mtu, mtu, pf_rem)
+        pf_beats = (pf_chunk + (W - 1)) >> exact_log2(W)
+        with m.FSM(name="prefetch") as pf_fsm:
+            with m.State("SCAN"):
+                with m.If(q_p != q_w):
+                    with m.If((pe.kind == RESP_READ) & (pe.len != 0)):
+                        m.d.sync += [pf_addr.eq(pe.arg), pf_rem.eq(pe.len)]
+                        m.next = "ISSUE"
+                    with m.Else():
+                        m.d.comb += p_adv.eq(1)
+            with m.State("ISSUE"):
+                m.d.comb += [
+                    p_req_valid.eq(cap - r_used >= pf_beats),
+                    p_req.addr.eq(pf_addr),
+                    p_req.len.eq(pf_chunk),
+                    p_req.tag.eq(READ_DMA_TAG),
+                ]
+                with m.If(p_req_valid & p_req_ready):
+                    m.d.comb += r_alloc.eq(pf_beats)
+                    m.d.sync += [pf_addr.eq(pf_addr + pf_chunk), pf_rem.eq(pf_rem - pf_chunk)]
+                    with m.If(pf_rem <= mtu):
+                        m.d.comb += p_adv.eq(1)
+                        m.next = "SCAN"
+
+        # ---- response transmitter: the queue in order, READ packets store-and-forward
+        tm = self.tx.meta.payload
+        t_adv = Signal()
+        m.d.comb += q_rt.addr.eq((q_t + t_adv)[:qk])
+        m.d.sync += q_t.eq(q_t + t_adv)
+        te = q_rt.data
+        rd = Signal(RESP_ENTRY)
         x_rem = Signal(32)
         x_psn = Signal(24)
         x_first = Signal()
         x_chunk = Mux(x_rem > mtu, mtu, x_rem)
         x_last = x_rem <= mtu
+        r_fire = Signal()
+        m.d.comb += [
+            ring_rd.addr.eq(r_rp + r_fire),
+            tm.src_node.eq(self.node_id),
+        ]
         with m.FSM(name="rtx"):
             with m.State("IDLE"):
-                m.d.comb += rd_fifo.r_en.eq(1)
-                with m.If(rd_fifo.r_rdy):
-                    d = rd_fifo.r_data
-                    m.d.sync += [rd.eq(d), x_rem.eq(RD_DESC(d).len), x_psn.eq(RD_DESC(d).psn),
-                                 x_first.eq(1)]
-                    m.next = "META"
+                # only entries the prefetcher has passed or is working on (a READ whose
+                # packets are being requested; each header waits for its payload below)
+                with m.If((q_t != q_p) | pf_fsm.ongoing("ISSUE")):
+                    with m.If(te.kind == RESP_READ):
+                        m.d.sync += [rd.eq(te), x_rem.eq(te.len), x_psn.eq(te.psn), x_first.eq(1)]
+                        m.next = "META"
+                    with m.Else():
+                        is_at = te.kind == RESP_ATOMIC
+                        m.d.comb += [
+                            self.tx.meta.valid.eq(1),
+                            tm.dst_node.eq(te.dest_node),
+                            tm.dest_qpn.eq(te.dest_qpn),
+                            tm.udp_sport.eq(te.udp_sport),
+                            tm.opcode.eq(Mux(is_at, Op.ATOMIC_ACKNOWLEDGE.value, Op.ACKNOWLEDGE.value)),
+                            tm.psn.eq(te.psn),
+                            tm.syndrome.eq(te.syn),
+                            tm.msn.eq(te.msn),
+                            tm.orig.eq(Mux(is_at, te.arg, 0)),
+                        ]
+                        with m.If(self.tx.meta.ready):
+                            m.d.comb += [
+                                t_adv.eq(1),
+                                self.stat_nak.eq(~is_at & (te.syn != Syn.ACK.value)),
+                            ]
             with m.State("META"):
                 has_aeth = x_first | x_last
                 m.d.comb += [
-                    self.tx.meta.valid.eq(1),
+                    # store and forward: the header leaves once its payload is in the ring
+                    self.tx.meta.valid.eq((x_chunk == 0) | (n_filled != n_sent)),
                     tm.dst_node.eq(rd.dest_node),
                     tm.dest_qpn.eq(rd.dest_qpn),
                     tm.udp_sport.eq(rd.udp_sport),
@@ -682,25 +803,27 @@ class Responder(wiring.Component):
                     tm.msn.eq(Mux(has_aeth, rd.msn, 0)),
                     tm.paylen.eq(x_chunk),
                 ]
-                with m.If(self.tx.meta.ready):
+                with m.If(self.tx.meta.valid & self.tx.meta.ready):
                     with m.If(x_chunk != 0):
                         m.next = "DATA"
                     with m.Else():
                         m.next = "NEXT"
             with m.State("DATA"):
                 m.d.comb += [
-                    self.tx.payload.valid.eq(resp.valid & resp_is_read),
-                    r_resp_ready.eq(self.tx.payload.ready),
-                    self.tx.payload.payload.data.eq(resp.payload.data),
-                    self.tx.payload.payload.nbytes.eq(resp.payload.nbytes),
-                    self.tx.payload.payload.last.eq(resp.payload.last),
+                    self.tx.payload.valid.eq(1),
+                    self.tx.payload.payload.eq(ring_rd.data),
+                    r_fire.eq(self.tx.payload.ready),
+                    r_free.eq(self.tx.payload.ready),
                 ]
-                with m.If(resp.valid & resp_is_read & self.tx.payload.ready & resp.payload.last):
-                    m.next = "NEXT"
+                with m.If(r_fire):
+                    m.d.sync += r_rp.eq(r_rp + 1)
+                    with m.If(ring_rd.data.last):
+                        m.d.sync += n_sent.eq(n_sent + 1)
+                        m.next = "NEXT"
             with m.State("NEXT"):
                 m.d.sync += [x_rem.eq(x_rem - x_chunk), x_psn.eq(x_psn + 1), x_first.eq(0)]
                 with m.If(x_last):
-                    m.d.comb += rd_dec.eq(1)
+                    m.d.comb += t_adv.eq(1)
                     m.next = "IDLE"
                 with m.Else():
                     m.next = "META"

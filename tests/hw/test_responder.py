@@ -19,7 +19,7 @@ from hw.formats import (BthOpcode as Op, AethSyndrome as Syn, Access, QpState, W
                         PKT_META, RECV_WQE, MR_ENTRY, CQE, CQE_FLAG_IMM, pack, unpack)
 from hw.interfaces import QP_LOOKUP
 from hw.regmap import QP_CTX, mkey_index
-from hw.responder import Responder, RNR_TIMER
+from hw.responder import Responder, RNR_TIMER, READ_DMA_TAG
 
 CFG = NicConfig(data_bytes=8, mtu=256, n_qps=4, n_mrs=4, n_cqs=4)
 NODE = 7
@@ -322,13 +322,16 @@ class Model:
 # ---------------------------------------------------------------------------------------
 # the simulation bench
 
-def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd_latency=2, tx_p=0.6):
+def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd_latency=2, tx_p=0.6,
+             tx_hold=0, read_buffers=4):
+    """``tx_hold``: tx (meta and payload) is not ready before that cycle."""
     rng = random.Random(seed)
-    dut = Responder(cfg)
+    dut = Responder(cfg, read_buffers=read_buffers)
     W = cfg.data_bytes
     qps = copy.deepcopy(qps)
     mr_ints = [lint(MR_ENTRY, e) for e in mrs]
-    out = dict(tx=[], cqes=[], errs=[], naks=0, drops=0, mem=mem, cycles=0)
+    out = dict(tx=[], cqes=[], errs=[], naks=0, drops=0, mem=mem, cycles=0, rx_done=None,
+               rd_stall=0, resp_full=0, read_bytes_in_hold=0, first_tx=None)
 
     def p(x):
         return rng.random() < x if bp else True
@@ -382,10 +385,15 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
             for s in (dut.dma_rd.req, dut.dma_wr, dut.cqe, dut.set_err):
                 ctx.set(s.ready, p(0.6))
             for s in (dut.tx.meta, dut.tx.payload):
-                ctx.set(s.ready, p(tx_p))
+                ctx.set(s.ready, p(tx_p) and cyc >= tx_hold)
 
             # sample transfers
             busy = bool(rd) or bool(rx_beats) or wr is not None or tx_open is not None
+            if out["rx_done"] is None and not todo and not rx_beats:
+                out["rx_done"] = cyc
+            if ctx.get(dut.dma_rd.resp.valid) and not ctx.get(dut.dma_rd.resp.ready):
+                out["rd_stall"] += 1
+            out["resp_full"] += ctx.get(dut.stat_resp_full)
             if meta_v and ctx.get(dut.rx.meta.ready):
                 todo.pop(0)
                 presented = False
@@ -405,6 +413,8 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
             if ctx.get(dut.dma_rd.req.valid) and ctx.get(dut.dma_rd.req.ready):
                 r = ctx.get(dut.dma_rd.req.payload)
                 assert 0 < r.len <= 65535
+                if cyc < tx_hold and r.tag == READ_DMA_TAG:
+                    out["read_bytes_in_hold"] += r.len
                 raw = bytes(mem[r.addr:r.addr + r.len])
                 t = cyc + (rng.randint(1, 8) if bp else rd_latency)
                 for off in range(0, r.len, W):
@@ -426,6 +436,8 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
             if ctx.get(dut.tx.meta.valid) and ctx.get(dut.tx.meta.ready):
                 assert tx_open is None, "tx meta before the previous payload ended"
                 md = ldict(PKT_META, ctx.get(dut.tx.meta.payload.as_value()))
+                if out["first_tx"] is None:
+                    out["first_tx"] = cyc
                 entry = [md, b""]
                 out["tx"].append(entry)
                 if md["paylen"]:
@@ -452,7 +464,7 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
             out["naks"] += ctx.get(dut.stat_nak)
             out["drops"] += ctx.get(dut.stat_drop)
             quiet = 0 if busy else quiet + 1
-            if not todo and quiet > 40:
+            if not todo and quiet > 40 and cyc > tx_hold:
                 break
             assert cyc < max_cycles, "simulation did not finish"
             await ctx.tick()
@@ -467,7 +479,7 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
     return out
 
 
-def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None, rd_latency=2, tx_p=0.6):
+def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None, rd_latency=2, tx_p=0.6, tx_hold=0, read_buffers=4):
     """Simulate and model ``items``; assert they agree; return the simulation's results."""
     qps = default_qps() if qps is None else qps
     mrs = default_mrs() if mrs is None else mrs
@@ -475,7 +487,8 @@ def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None, rd_laten
     model = Model(cfg, qps, mrs, bytearray(mem0))
     for it in items:
         model.item(it)
-    got = simulate(cfg, items, qps, mrs, bytearray(mem0), bp=bp, seed=seed, rd_latency=rd_latency, tx_p=tx_p)
+    got = simulate(cfg, items, qps, mrs, bytearray(mem0), bp=bp, seed=seed, rd_latency=rd_latency, tx_p=tx_p,
+                   tx_hold=tx_hold, read_buffers=read_buffers)
     assert len(got["tx"]) == len(model.tx)
     for i, (g, e) in enumerate(zip(got["tx"], model.tx)):
         assert g == e, f"tx packet {i}"
@@ -814,25 +827,30 @@ def test_receive_ring_wraps():
 
 @pytest.mark.parametrize("bp", [False, True])
 def test_reads_overlap_and_keep_order(bp):
-    """READ responses are queued (up to max_rd_atomic) while later requests execute; every
-    other response waits for them, and a later WRITE does not change the data of an earlier
-    READ (its DMA reads are issued before the WRITE executes)."""
+    """READ responses are queued while later requests execute; every response leaves in
+    request order (one response queue), and a READ sees the data of every request before it
+    (here a WRITE and an atomic on the same bytes). A request after a READ does not touch the
+    READ's bytes: IBA 9.5 lets it pass the READ's data fetch (the requester fences)."""
     items = [event(0, QpState.RTS, 0), event(1, QpState.RTS, 0)]
     psn = 0
     for i in range(6):
         items.append(pkt(Op.READ_REQUEST, 0, psn, va=0x100 + 8 * i, rkey=K0, dma_len=8 + 200 * i))
         psn += max(1, -(-(8 + 200 * i) // 256))
-    items.append(pkt(Op.READ_REQUEST, 1, 0, va=0x100, rkey=K0, dma_len=300))
-    items.append(pkt(Op.WRITE_ONLY, 1, 2, rnd(64, 1), ackreq=1, va=0x100, rkey=K0, dma_len=64))
-    items.append(pkt(Op.FETCH_ADD, 0, psn, va=0x100, rkey=K0, swap_add=1))
+    items.append(pkt(Op.WRITE_ONLY, 1, 0, rnd(64, 1), ackreq=1, va=0x800, rkey=K0, dma_len=64))
+    items.append(pkt(Op.FETCH_ADD, 1, 1, va=0x808, rkey=K0, swap_add=1))
+    items.append(pkt(Op.READ_REQUEST, 1, 2, va=0x7F0, rkey=K0, dma_len=300))
+    items.append(pkt(Op.WRITE_ONLY, 1, 4, rnd(64, 2), ackreq=1, va=0xC00, rkey=K0, dma_len=64))
+    items.append(pkt(Op.FETCH_ADD, 0, psn, va=0xC40, rkey=K0, swap_add=1))
     items.append(pkt(Op.WRITE_ONLY, 0, psn + 5, b"", ackreq=1, va=0, rkey=K0, dma_len=0))  # PSN NAK
     out = run(items, bp=bp, seed=12)
     kinds = [(m["dest_qpn"], Op(m["opcode"]).name, m["psn"]) for m, _ in out["tx"]]
-    assert kinds[-3:] == [(0x101, "ACKNOWLEDGE", 2), (0x100, "ATOMIC_ACKNOWLEDGE", psn),
+    assert kinds[-3:] == [(0x101, "ACKNOWLEDGE", 4), (0x100, "ATOMIC_ACKNOWLEDGE", psn),
                           (0x100, "ACKNOWLEDGE", psn + 1)]       # NAK: expected PSN
     q1 = [b for m, b in out["tx"] if m["dest_qpn"] == 0x101 and m["paylen"]]
-    assert b"".join(q1) == out["mem0"][0x100:0x100 + 300]    # old data, not the WRITE's
-    assert out["mem"][0x100:0x108] != out["mem0"][0x100:0x108]
+    new = bytearray(out["mem0"][0x7F0:0x7F0 + 300])
+    new[0x10:0x50] = rnd(64, 2 - 1)
+    new[0x18:0x20] = (int.from_bytes(new[0x18:0x20], "little") + 1).to_bytes(8, "little")
+    assert b"".join(q1) == bytes(new)                        # the WRITE's and the FAA's data
 
 
 def test_atomic_ack_waits_for_queued_read_responses():
@@ -855,6 +873,61 @@ def test_read_throughput_with_dma_latency():
     out = run(items, bp=False, rd_latency=40)
     # one DMA round trip (40 cycles) for all of them, not one per READ (16 * 40)
     assert out["cycles"] < 16 * 10 + 40 + 41
+
+
+def hazard_items():
+    """READs (far more response data than the READ payload ring holds) mixed with a WRITE
+    that needs an ACK, a SEND (receive-WQE DMA read) and an atomic (DMA read), on two QPs."""
+    items = [event(0, QpState.RTS, 0), event(1, QpState.RTS, 0), post(1, 0, 0x77, 0x800, 256, K0, 1)]
+    psn0 = psn1 = 0
+    for i in range(8):
+        items.append(pkt(Op.READ_REQUEST, 0, psn0, va=0xC00 + 16 * i, rkey=K0, dma_len=600))
+        psn0 += 3
+        if i == 2:
+            items.append(pkt(Op.WRITE_ONLY, 1, psn1, rnd(40, 7), ackreq=1, va=0x100, rkey=K0, dma_len=40))
+            psn1 += 1
+        if i == 4:
+            items.append(pkt(Op.SEND_ONLY, 1, psn1, rnd(30, 8), ackreq=1))
+            psn1 += 1
+        if i == 5:
+            items.append(pkt(Op.FETCH_ADD, 1, psn1, va=0x600, rkey=K0, swap_add=3))
+            psn1 += 1
+    items.append(pkt(Op.WRITE_ONLY, 0, psn0, rnd(16, 9), ackreq=1, va=0x200, rkey=K0, dma_len=16))
+    return items
+
+
+@pytest.mark.parametrize("bp", [False, True])
+def test_no_wait_on_tx(bp):
+    """The deadlock hazard of a node: tx is not ready for a long time (the link and the peer
+    are full) while requests keep arriving. The responder must keep accepting requests (their
+    responses queue up), must accept every DMA read beat at once (READ data only up to the
+    payload ring: 4 MTUs are requested, the rest waits for tx), and, once tx runs, send
+    everything in order."""
+    hold = 3000
+    out = run(hazard_items(), bp=bp, seed=21, tx_hold=hold)
+    assert out["rx_done"] is not None and out["rx_done"] < hold // 2   # every request taken
+    assert out["first_tx"] >= hold
+    assert out["rd_stall"] == 0                                         # DMA data never waits
+    assert out["resp_full"] == 0
+    assert 0 < out["read_bytes_in_hold"] <= 4 * CFG.mtu                 # only reserved space
+    assert len(out["cqes"]) == 1 and out["mem"][0x800:0x81E] == rnd(30, 8)
+    assert [Op(m["opcode"]).name for m, _ in out["tx"]].count("READ_RESPONSE_FIRST") == 8
+
+
+def test_response_queue_full_is_counted():
+    """With a queue smaller than the peer's traffic (a configuration error: 4 QPs x 2
+    outstanding = 8 descriptors) the FSM waits for room and ``stat_resp_full`` counts it;
+    nothing is lost."""
+    cfg = NicConfig(data_bytes=8, mtu=256, n_qps=4, n_mrs=4, n_cqs=4, max_outstanding=2)
+    items = [event(0, QpState.RTS, 0)]
+    items += [pkt(Op.READ_REQUEST, 0, i, va=0xC00, rkey=K0, dma_len=8) for i in range(12)]
+    items += [pkt(Op.WRITE_ONLY, 0, 12, b"", ackreq=1, va=0, rkey=K0, dma_len=0)]
+    out = run(items, cfg=cfg, seed=3, tx_hold=400)
+    assert out["resp_full"] > 0
+    assert out["rx_done"] >= 400
+    assert [m["psn"] for m, _ in out["tx"]] == list(range(13))
+    out = run(items, seed=3, tx_hold=400)                      # 4 x 32 descriptors: no wait
+    assert out["resp_full"] == 0 and out["rx_done"] < 400
 
 
 # ---------------------------------------------------------------------------------------
@@ -902,8 +975,10 @@ def random_items(rng, n_ops, cfg=CFG):
                 add(it)
         elif kind == "read":
             n = rng.choice([0, 1, 8, mtu, mtu + 1, 3 * mtu - 1])
-            key, base = (K0, 0) if rng.random() < 0.5 else (K1, 0x1000)
-            va = base + rng.randrange(0x800 - n) if good_key else base + 0x800 - n // 2
+            # READ sources are never written (WRITE < 0x600, atomics 0x600.., SEND 0x800..0xC00):
+            # a later write may pass a READ's data fetch (IBA 9.5), the model is sequential
+            key, base, size = (K0, 0xC00, 0x400) if rng.random() < 0.5 else (K1, 0x1000, 0x800)
+            va = base + rng.randrange(size - n) if good_key else base + size - n // 2
             add(pkt(Op.READ_REQUEST, q, psn, va=va, rkey=key, dma_len=n))
         elif kind == "atomic":
             va = 0x600 + 8 * rng.randrange(4) + (0 if rng.random() < 0.9 else 4)
@@ -930,3 +1005,15 @@ def test_random_traffic(seed, bp, data_bytes):
 def test_bad_config():
     with pytest.raises(ValueError, match="cfg must be a hw.config.NicConfig"):
         Responder({"data_bytes": 8})
+    for bad in (1, 3, 32, True, 4.0):
+        with pytest.raises(ValueError, match=r"read_buffers must be a power of two in \[2, 16\], not "):
+            Responder(CFG, read_buffers=bad)
+
+
+def test_two_read_buffers():
+    """The smallest payload ring (2 MTUs) still sends every READ correctly."""
+    items = [event(0, QpState.RTS, 0)]
+    items += [pkt(Op.READ_REQUEST, 0, 3 * i, va=0xC00 + i, rkey=K0, dma_len=700) for i in range(4)]
+    out = run(items, bp=True, seed=4, read_buffers=2)
+    assert len(out["tx"]) == 12
+
