@@ -62,10 +62,12 @@ our responder). The responder breaks it on its side with three rules:
    arrive**: the FSM (or the atomic unit) waits for them right after issuing them.
 
 Ordering consequence: a READ's data is read from host memory when its packet is prefetched,
-which may be after later requests of the same QP have executed. IBA 9.5 (transaction
-ordering) allows this: a SEND / RDMA WRITE / atomic that follows an RDMA READ may be executed
-before the READ's data is read (the requester sets the fence indicator, IBA 10.8.3.3, when
-it needs the READ to complete first). Requests that precede a READ are always executed
+which may be after later requests of the same QP have executed. The IBA ordering rules
+(9.5, transaction ordering; "RDMA READ relaxed ordering") allow this: a SEND / RDMA WRITE /
+atomic that follows an RDMA READ may be executed before the READ's data is read; a consumer
+that needs the READ to complete first sets the fence indicator on the later work request.
+(The alternative, holding later requests until the READ's data is fetched, would make the
+request path wait on tx again.) Requests that precede a READ are always executed
 before its data is read (their DMA writes are issued before the READ is queued, and a DMA
 read does not pass an earlier write).
 
