@@ -21,6 +21,10 @@
 
 The same design plays both roles, as real RNICs do: a node issues requests from its send
 queues and answers requests that arrive for its QPs. See docs/architecture.md.
+
+``cfg.pipeline_ns`` adds the NIC's fixed processing latency as a delay line (no rate limit)
+on the transmit and on the receive frame path; it is the one free parameter fitted when a
+timing preset is calibrated (docs/timing.md).
 """
 
 from amaranth import *
@@ -37,6 +41,7 @@ from .dispatch import PacketDemux
 from .dma_arbiter import DmaArbiter
 from .doorbell import Doorbells
 from .interfaces import (MmioSignature, DmaReadReq, DmaReadData, DmaWrite, BeatStream)
+from .link import Link
 from .packetizer import Packetizer
 from .regmap import Counter
 from .requester import Requester
@@ -140,10 +145,22 @@ class Rnic(wiring.Component):
         wiring.connect(m, req.tx, tx_arb.i[0])
         wiring.connect(m, resp.tx, tx_arb.i[1])
         wiring.connect(m, tx_arb.o, pktz.i)
-        wiring.connect(m, pktz.o, wiring.flipped(self.tx))
+
+        # The NIC's own processing latency (cfg.pipeline_ns, each way): a delay line with no
+        # rate limit on the transmit and on the receive frame path.
+        delay = cfg.cycles(cfg.pipeline_ns)
+        if delay:
+            m.submodules.tx_pipe = tx_pipe = Link(W, latency_cycles=delay, bytes_per_cycle=W)
+            m.submodules.rx_pipe = rx_pipe = Link(W, latency_cycles=delay, bytes_per_cycle=W)
+            wiring.connect(m, pktz.o, tx_pipe.i)
+            wiring.connect(m, tx_pipe.o, wiring.flipped(self.tx))
+            wiring.connect(m, wiring.flipped(self.rx), rx_pipe.i)
+            wiring.connect(m, rx_pipe.o, dpkt.i)
+        else:
+            wiring.connect(m, pktz.o, wiring.flipped(self.tx))
+            wiring.connect(m, wiring.flipped(self.rx), dpkt.i)
 
         # Receive.
-        wiring.connect(m, wiring.flipped(self.rx), dpkt.i)
         wiring.connect(m, dpkt.o, demux.i)
         wiring.connect(m, demux.req, req.rx)
         wiring.connect(m, demux.resp, resp.rx)
