@@ -93,6 +93,7 @@ class Counter(enum.IntEnum):
     DOORBELL_REJECTS = 18  # doorbell rings for a QP not bound to that register
     CQES = 19
     WQE_FETCHES = 20
+    RESP_QUEUE_FULL = 21   # cycles the responder waited for room in its response queue
 
 
 #: Static part of a queue pair's context, set by SET_QP (ARG0 holds bits 63:0).

@@ -189,6 +189,7 @@ class Rnic(wiring.Component):
             Counter.DOORBELL_REJECTS: doorbells.stat_reject + req.stat_db_reject,
             Counter.CQES: comp.stat_cqe,
             Counter.WQE_FETCHES: req.stat_wqe_fetch,
+            Counter.RESP_QUEUE_FULL: resp.stat_resp_full,
         }
         for counter, value in inc.items():
             m.d.comb += counters.inc[counter].eq(value)

@@ -14,7 +14,7 @@ from hw.formats import WrOpcode, WcStatus, Access, QpState
 from hw.regmap import Counter
 from sim.harness import TwoNodes, ALL_ACCESS
 from sim.scoreboard import Scoreboard
-from sim.verbs import SendWR, RecvWR, SendFlags, VerbsError
+from sim.verbs import SendWR, RecvWR, SendFlags, VerbsError, FIRST_QPN
 
 CFG = preset(os.environ.get("RNIC_PRESET", "small"))
 SEED = int(os.environ.get("TB_SEED", "1"))
@@ -201,49 +201,52 @@ async def test_error_illegal_transition(dut):
         raise AssertionError("RTS -> RTR was accepted")
 
 
-@cocotb.test()
-async def test_random_mixed(dut):
-    """Random traffic over 8 QPs (4 pairs in each direction), sizes 0 B to beyond 16 KB."""
-    rng = random.Random(SEED)
-    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
-    npairs = CFG.nic.n_qps // 2
+async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeout_ns=20_000_000):
+    """Random traffic over ``npairs`` QP pairs, checked against the reference after each batch."""
+    rng = random.Random(seed)
+    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=seed)
     buf = 1 << 17
     # Each pair has its own buffers. Requester side: [0, 32K) receives READ data and atomic
-    # results, [32K, 64K) is only ever read (WRITE/SEND sources); responder side: [64K, 128K)
-    # is the target of everything. Work requests of one QP are ordered, so the outcome is
-    # defined and the reference model can predict every byte.
-    dst_area, src_area, remote_area = 0, 1 << 15, 1 << 16
+    # results, [32K, 64K) is only ever read (WRITE/SEND sources). Responder side: [64K, 96K)
+    # is only read (READ sources), [96K, 128K) is written (WRITE, SEND, atomics). Work
+    # requests of one QP execute in order, except that a WRITE/SEND/atomic may overtake an
+    # earlier RDMA READ at the responder unless fenced (IBA 9.5): READ sources are kept apart
+    # from later writes so that the reference model can predict every byte.
+    dst_area, src_area, read_area, write_area = 0, 1 << 15, 1 << 16, 3 << 15
     pairs = [await sysm.pair(buf_bytes=buf, sq_depth=64, rq_depth=64, cq_depth=512)
              for _ in range(npairs)]
     for i, (x, y) in enumerate(pairs):
         fill(sysm.a, x["buf"], buf, 10 + i)
         fill(sysm.b, y["buf"], buf, 20 + i)
         for host, end in ((sysm.a, x), (sysm.b, y)):      # shared counters start at 0
-            host.mem.write(end["buf"] + remote_area, bytes(128))
+            host.mem.write(end["buf"] + write_area, bytes(128))
     sb = Scoreboard(sysm)
     sb.mirror()
     done = 0
     wr_id = 0
-    while done < OPS:
+    while done < ops:
         batch = []
         for k, (x, y) in enumerate(pairs):
             # Even pairs send from a to b, odd pairs from b to a: both roles on both nodes.
-            src, dst = (x, y) if k % 2 == 0 else (y, x)
+            src, dst = (x, y) if k % 2 == 0 or not both_directions else (y, x)
             for _ in range(rng.randrange(1, 9)):
                 op = rng.choices([W, R, S, SI, WI, CAS, FAA], [30, 30, 10, 5, 5, 10, 10])[0]
                 if op in (CAS, FAA):
                     size = 8
                     loff = dst_area + (rng.randrange(0, (1 << 15) - 8) & ~7)
-                    roff = remote_area + rng.randrange(0, 16) * 8    # a few shared counters
+                    roff = write_area + rng.randrange(0, 16) * 8     # a few shared counters
                 else:
                     size = rng.choice([0, 1, 8, 64, rng.randrange(1, 4096), rng.randrange(4096, 20000)])
                     base = dst_area if op == R else src_area
                     loff = base + rng.randrange(0, (1 << 15) - size + 1)
-                    roff = remote_area + rng.randrange(0, (1 << 16) - size + 1)
+                    area = read_area if op == R else write_area
+                    roff = area + rng.randrange(0, (1 << 15) - size + 1)
                 if op in (S, SI, WI):
-                    await sb.post_recv(dst["qp"], RecvWR(wr_id, dst["buf"] + remote_area, 1 << 16,
+                    await sb.post_recv(dst["qp"], RecvWR(wr_id, dst["buf"] + write_area, 1 << 15,
                                                          dst["mr"].lkey))
                 flags = SendFlags.SIGNALED if rng.random() < 0.8 else 0
+                if rng.random() < 0.1:
+                    flags |= SendFlags.FENCE
                 batch.append((src, SendWR(wr_id, op, (src["buf"] + loff, size, src["mr"].lkey),
                                           dst["buf"] + roff, dst["mr"].rkey,
                                           compare_add=rng.getrandbits(64) if op == FAA else rng.choice([0, rng.getrandbits(64)]),
@@ -253,8 +256,15 @@ async def test_random_mixed(dut):
         for src, wr in batch:
             await sb.post_send(src["qp"], wr)
         done += len(batch)
-        await sb.check(timeout_ns=20_000_000)
-    dut._log.info(f"random: {done} work requests, {sb.posted} posted")
+        await sb.check(timeout_ns=timeout_ns)
+    dut._log.info(f"random: {done} work requests over {npairs} QP pairs checked")
+    return sysm, sb
+
+
+@cocotb.test()
+async def test_random_mixed(dut):
+    """Random traffic over 12 QPs (6 pairs, 3 in each direction), sizes 0 B to beyond 16 KB."""
+    await run_random(dut, OPS, CFG.nic.n_qps - FIRST_QPN)
 
 
 @cocotb.test()
