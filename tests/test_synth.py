@@ -36,3 +36,18 @@ def test_registry_factories_build():
 def test_bad_name(tmp_path):
     with pytest.raises(ValueError, match="name must be a Verilog identifier"):
         synth.synthesize(Link(8, 4, 2.0), "not a name", tmp_path)
+
+
+def test_small_rnic_node_synthesizes(tmp_path):
+    """One RNIC node of the small preset goes through synth_ecp5 (a few minutes)."""
+    from hw.rnic import Rnic
+    res = synth.synthesize(Rnic(preset("small").nic), "rnic_small", tmp_path)
+    assert res["luts"] > 5000 and res["ffs"] > 2000
+
+
+@pytest.mark.slow
+def test_two_node_system_synthesizes(tmp_path):
+    """make synth: the two-node system of the small preset (about 5 minutes)."""
+    assert synth.main(["--top", "system", "--preset", "small", "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "resources.json").read_text())
+    assert rec["top"] == "system" and rec["luts"] > 10000 and rec["ffs"] > 5000
