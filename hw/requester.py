@@ -7,9 +7,11 @@ the send-queue completions (10.8, 11.4.2), including the flush of outstanding an
 work requests when the QP enters the Error state (10.3.1, 11.6.3).
 
 Structure
-    * a control FSM (the send engine) serialises every action: apply a QP event, take a
-      doorbell, process one response packet, flush one work request, or send a batch of
-      messages of one QP;
+    * a send FSM (the send engine) serialises the send-side actions: apply a QP event, take a
+      doorbell, flush one work request, or send a batch of messages of one QP;
+    * a separate response FSM takes the packets of ``rx`` (ACK/NAK, READ responses, atomic
+      acknowledges) one at a time: it writes READ data and atomic results to ``dma_wr``,
+      completes the acknowledged messages (``cqe``) and raises ``set_err`` on a NAK;
     * a :class:`~hw.scheduler.Scheduler` picks, round-robin, the next QP that may send
       (RTS, posted WQEs not yet fetched, room in its tracker, READ/atomic budget left, not
       waiting on a fence);
@@ -26,7 +28,44 @@ Structure
       messages (:data:`TRACKER_ENTRY`).
 
 Per-QP indices: ``pi`` (posted, from the doorbell), ``fi`` (next WQE to fetch and send) and
-``ci`` (oldest not completed); the tracker holds the messages ``ci .. fi-1``.
+``ci`` (oldest not completed); the tracker holds the messages ``ci .. fi-1``. A message enters
+the tracker when its WQE has passed the local checks, before its first packet is queued, so
+that a response can never arrive for a message the response FSM does not know yet.
+
+Deadlock freedom
+----------------
+The requester and responder of a node share its ``tx`` (PacketArbiter -> Packetizer -> link)
+and its receive path (Depacketizer -> PacketDemux), and the DMA read responses of all clients
+come back as one in-order stream. With traffic in both directions, a requester whose response
+handling waits for its own ``tx`` closes a loop through the peer (our tx full -> the peer's
+receive path full -> the peer's tx full -> our receive path full -> our responses not taken).
+The requester breaks it with three rules:
+
+1. **The response path never waits on tx or on the send path.** Responses are handled by
+   their own FSM, which takes ``rx.meta`` / ``rx.payload`` whenever it can itself progress. It
+   waits only on ``dma_wr`` (the host always drains writes), ``cqe`` (the completion engine
+   drains to DMA) and ``set_err`` (the context drains it). It uses no send-side resource: it
+   has its own tracker read port, its own CQE register, the completion queue number and
+   READ/atomic limit of each QP are kept in per-QP registers (written when a message enters
+   the tracker), and ``cqe`` / ``set_err`` are shared with the send FSM through sticky
+   two-way arbiters (an offer, once made, is held until taken).
+2. **The send path may wait on tx and on payload-buffer space freely** (it sits in its
+   ``SEND_META`` state until the packet emitter has made room), because nothing in (1)
+   waits for it. Payload DMA data always has reserved buffer room (see above), so the send
+   path never back-pressures the shared DMA read-response stream; fetched WQEs likewise go
+   into the reserved slots of :class:`~hw.wqe_fetch.WqeFetch`.
+3. **Shared per-QP state is updated consistently.** The send FSM owns ``pi``, ``fi``,
+   ``tail``, ``npsn``, ``lerr`` and the tracker entries it appends; the response FSM pops
+   ``head`` / ``ci`` of the QP it serves. The READ/atomic count ``rd_out`` (+1 when the send
+   FSM commits a READ/atomic, -1 when the response FSM completes one) and the fence flag have
+   one next-state expression per QP that merges both FSMs' requests of the same cycle. The
+   tracker has one write port: the response FSM (status of a NAKed head message) has
+   priority and the send FSM retries its write the next cycle. Two interlocks keep the FSMs
+   off each other's QP where both would pop or reset: the send FSM neither flushes nor
+   applies a QP event to the QP the response FSM is working on (it waits, which is bounded
+   by (1)); and the response FSM drops the responses of a QP that is in ERR, has a pending
+   QP event, or is about to be flushed (its failed WQE is the oldest), as the send FSM owns
+   those QPs (a response for them has nothing left to complete).
 
 A WQE that fails the local checks is put in the tracker with its status (so that
 completions stay in order); the QP stops sending, the messages sent before it complete
@@ -38,8 +77,9 @@ an entry that failed with its own status, every other with WR_FLUSH_ERR.
 Simplifications: no retransmission and no timeout (a PSN sequence error NAK completes with
 RETRY_EXC_ERR, an RNR NAK with RNR_RETRY_EXC_ERR, and the QP goes to ERR); responses that do
 not match the oldest outstanding message (wrong PSN or kind, READ data outside the local
-buffer) are dropped; QP events are applied when the send engine is idle (packets already
-queued still leave); an ERR event keeps the queues so that they can be flushed, every other
+buffer) are dropped, and so are responses for a QP with a QP event waiting to be applied (the
+event resets or flushes the QP anyway); QP events are applied when the send engine is idle
+(packets already queued still leave); an ERR event keeps the queues so that they can be flushed, every other
 event resets them; the ``state`` field of the QP lookup is not used (the state comes from
 the QP events); a fenced WQE that may not start yet is dropped and fetched again when the
 QP's READ/atomic requests have completed.
@@ -51,7 +91,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
-from . import formats
+from . import formats, regmap
 from .config import NicConfig
 from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .interfaces import (QP_LOOKUP, CqeRequest, DmaReadClient, DmaWrite, DoorbellEvent,
@@ -133,7 +173,8 @@ class Requester(wiring.Component):
         m.submodules.payf = payf = SyncFIFOBuffered(width=beat_layout(W).size, depth=pay_beats)
 
         m.submodules.trk = trk = memory.Memory(shape=TRACKER_ENTRY, depth=nq * MO, init=[])
-        trk_rd = trk.read_port(domain="comb")
+        trk_rd = trk.read_port(domain="comb")      # send FSM: head of cur (flush)
+        trk_rrd = trk.read_port(domain="comb")     # response FSM: head of rcur
         trk_wr = trk.write_port()
 
         # ---------------- per-QP registers
@@ -147,8 +188,12 @@ class Requester(wiring.Component):
         head = arr(mo_bits + 1, "head")
         tail = arr(mo_bits + 1, "tail")
         rd_out = arr(5, "rd_out")
-        rd_ok = arr(1, "rd_ok", init=1)
+        rd_ok = arr(1, "rd_ok")
         fence_wait = arr(1, "fence_wait")
+        # READ/atomic limit and send CQ of the QP, captured when a message enters the tracker
+        # (the response FSM uses these instead of the QP lookup, which the send FSM owns)
+        qlim = arr(5, "qlim", init=16)
+        qcq = arr(regmap.QP_CTX["send_cq"].shape, "qcq")
         rts = arr(1, "rts")
         err = arr(1, "err")
         # a local error waits until the messages sent before the failed WQE have completed
@@ -163,26 +208,32 @@ class Requester(wiring.Component):
         def count(q):
             return (tail[q] - head[q])[:mo_bits + 1]
 
+        # ---------------- response FSM registers (declared early: the interlocks use them)
+        rcur = Signal(self.qpn_bits)        # QP of the response being handled
+        rx_busy = Signal()                  # the response FSM is not idle
+
         eligible = Signal(nq)
+        flush_cond = Signal(nq)
         flushable = Signal(nq)
         for i in range(nq):
             m.d.comb += [
+                rd_ok[i].eq(rd_out[i] < qlim[i]),
                 eligible[i].eq(rts[i] & ~err[i] & ~lerr[i] & ~ev_pend[i] & (fi[i] != pi[i])
                                & (count(i) != MO) & rd_ok[i] & ~fence_wait[i]),
-                flushable[i].eq((err[i] | (lerr[i] & (ci[i] == lerr_idx[i])))
-                                & ~ev_pend[i] & (ci[i] != pi[i])),
+                flush_cond[i].eq((err[i] | (lerr[i] & (ci[i] == lerr_idx[i])))
+                                 & ~ev_pend[i] & (ci[i] != pi[i])),
+                # never flush the QP whose response is being handled
+                flushable[i].eq(flush_cond[i] & ~(rx_busy & (rcur == i))),
             ]
         m.d.comb += sched.req.eq(eligible)
 
-        # ---------------- FSM registers
+        # ---------------- send FSM registers
         cur = Signal(self.qpn_bits)
         flushing = Signal()
         batch_left = Signal(range(K + 1))   # WQEs of the current batch not yet taken
         pay_res = Signal(range(pay_beats + 1))   # payload buffer beats requested, not yet sent
         wqe = Signal(formats.WQE)
-        rxm = Signal(formats.PKT_META)
         cqe_reg = Signal(formats.CQE)
-        cqe_ret_ack = Signal()       # after the CQE go back to RX_ACK (else IDLE)
         seg_left = Signal(32)        # bytes still to send
         seg_addr = Signal(64)        # local address of the segment
         seg_psn = Signal(24)
@@ -191,10 +242,14 @@ class Requester(wiring.Component):
         req_done = Signal()
         pay_fits = Signal()
         pay_take = Signal()
+        # ---------------- response FSM registers
+        rxm = Signal(formats.PKT_META)
+        rcqe_reg = Signal(formats.CQE)
+        rcqe_ret_ack = Signal()      # after the CQE go back to R_ACK (else R_IDLE)
         rx_addr = Signal(64)
         rx_complete = Signal()       # this response completes the head message
 
-        # ---------------- lookups
+        # ---------------- lookups (the QP lookup belongs to the send FSM)
         m.d.comb += self.qp.index.eq(cur)
         ctx = self.qp.data.ctx
         m.d.comb += self.mr.index.eq(wqe.lkey[8:8 + self.mr_bits])
@@ -204,6 +259,10 @@ class Requester(wiring.Component):
         ent = trk_rd.data
         nonempty = Signal()
         m.d.comb += nonempty.eq(count(cur) != 0)
+        m.d.comb += trk_rrd.addr.eq(Cat(head[rcur][:mo_bits], rcur))
+        rent = trk_rrd.data
+        rnonempty = Signal()
+        m.d.comb += rnonempty.eq(count(rcur) != 0)
 
         rd_lim = Signal(5)
         m.d.comb += rd_lim.eq(Mux(ctx.max_rd_atomic == 0, 16, ctx.max_rd_atomic))
@@ -215,31 +274,81 @@ class Requester(wiring.Component):
                    Mux(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value, WcOpcode.FETCH_ADD.value,
                        WcOpcode.SEND.value))))
 
-        def set_cqe(wr_id, status, opcode, byte_len):
+        def set_cqe(reg, q, wr_id, status, opcode, byte_len):
             return [
-                cqe_reg.eq(0),
-                cqe_reg.wr_id.eq(wr_id),
-                cqe_reg.status.eq(status),
-                cqe_reg.opcode.eq(wc_opcode(opcode)),
-                cqe_reg.byte_len.eq(Mux(status == 0, byte_len, 0)),
-                cqe_reg.qpn.eq(cur),
+                reg.eq(0),
+                reg.wr_id.eq(wr_id),
+                reg.status.eq(status),
+                reg.opcode.eq(wc_opcode(opcode)),
+                reg.byte_len.eq(Mux(status == 0, byte_len, 0)),
+                reg.qpn.eq(q),
             ]
 
-        def pop_head():
-            """Remove the head message of QP cur; it is completed."""
-            return [head[cur].eq(head[cur] + 1), ci[cur].eq(ci[cur] + 1)]
+        def pop_head(q):
+            """Remove the head message of QP q; it is completed."""
+            return [head[q].eq(head[q] + 1), ci[q].eq(ci[q] + 1)]
 
-        def release_rd():
-            """A READ/atomic completed: give back its credit, maybe end a fence wait."""
-            new = Signal(5)
-            m.d.comb += new.eq(rd_out[cur] - 1)
-            return [rd_out[cur].eq(new), rd_ok[cur].eq(new < rd_lim),
-                    fence_wait[cur].eq(fence_wait[cur] & (new != 0))]
+        # READ/atomic count and fence flag: one next-state expression per QP, merging the
+        # send FSM's commit (+1, fence set), the response FSM's completion (-1) and a reset
+        tx_rd_inc = Signal()
+        tx_fence_set = Signal()
+        rx_rd_dec = Signal()
+        ev_rst_rd = Signal()
+        ev_sel = Signal(self.qpn_bits)
+        for i in range(nq):
+            inc = tx_rd_inc & (cur == i)
+            dec = rx_rd_dec & (rcur == i)
+            fset = tx_fence_set & (cur == i)
+            nxt = Signal(5, name=f"rd_out_nxt{i}")
+            m.d.comb += nxt.eq(rd_out[i] + inc - dec)
+            with m.If(ev_rst_rd & (ev_sel == i)):
+                m.d.sync += [rd_out[i].eq(0), fence_wait[i].eq(0)]
+            with m.Elif(inc | dec | fset):
+                m.d.sync += [rd_out[i].eq(nxt), fence_wait[i].eq((fence_wait[i] | fset) & (nxt != 0))]
 
+        # ---------------- cqe and set_err: shared by both FSMs (sticky two-way arbiters)
+        tx_cqe_v = Signal()
+        rx_cqe_v = Signal()
+        cqe_hold = Signal()
+        cqe_hold_rx = Signal()
+        cqe_rx = Signal()
         m.d.comb += [
-            self.cqe.payload.cqn.eq(ctx.send_cq),
-            self.cqe.payload.cqe.eq(cqe_reg),
-            self.set_err.payload.qpn.eq(cur),
+            cqe_rx.eq(Mux(cqe_hold, cqe_hold_rx, rx_cqe_v)),
+            self.cqe.valid.eq(Mux(cqe_rx, rx_cqe_v, tx_cqe_v)),
+            self.cqe.payload.cqn.eq(Mux(cqe_rx, qcq[rcur], ctx.send_cq)),
+            self.cqe.payload.cqe.eq(Mux(cqe_rx, rcqe_reg, cqe_reg)),
+        ]
+        m.d.sync += [cqe_hold.eq(self.cqe.valid & ~self.cqe.ready), cqe_hold_rx.eq(cqe_rx)]
+        tx_cqe_rdy = Signal()
+        rx_cqe_rdy = Signal()
+        m.d.comb += [tx_cqe_rdy.eq(~cqe_rx & self.cqe.ready), rx_cqe_rdy.eq(cqe_rx & self.cqe.ready)]
+
+        tx_err_v = Signal()
+        rx_err_v = Signal()
+        err_hold = Signal()
+        err_hold_rx = Signal()
+        err_rx = Signal()
+        m.d.comb += [
+            err_rx.eq(Mux(err_hold, err_hold_rx, rx_err_v)),
+            self.set_err.valid.eq(Mux(err_rx, rx_err_v, tx_err_v)),
+            self.set_err.payload.qpn.eq(Mux(err_rx, rcur, cur)),
+        ]
+        m.d.sync += [err_hold.eq(self.set_err.valid & ~self.set_err.ready), err_hold_rx.eq(err_rx)]
+        tx_err_rdy = Signal()
+        rx_err_rdy = Signal()
+        m.d.comb += [tx_err_rdy.eq(~err_rx & self.set_err.ready),
+                     rx_err_rdy.eq(err_rx & self.set_err.ready)]
+
+        # ---------------- tracker write port: the response FSM (NAK status) has priority
+        tx_trk_we = Signal()
+        tx_trk_data = Signal(TRACKER_ENTRY)
+        rx_trk_we = Signal()
+        rx_trk_data = Signal(TRACKER_ENTRY)
+        m.d.comb += [
+            trk_wr.en.eq(rx_trk_we | tx_trk_we),
+            trk_wr.addr.eq(Mux(rx_trk_we, Cat(head[rcur][:mo_bits], rcur),
+                               Cat(tail[cur][:mo_bits], cur))),
+            trk_wr.data.eq(Mux(rx_trk_we, rx_trk_data, tx_trk_data)),
         ]
 
         # ---------------- local checks on the fetched WQE
@@ -376,28 +485,27 @@ class Requester(wiring.Component):
             with m.Default():
                 m.d.comb += nak_status.eq(WcStatus.REM_OP_ERR.value)
         head_ws = Signal()
-        m.d.comb += head_ws.eq(nonempty & (ent.opcode <= WrOpcode.SEND_WITH_IMM.value)
-                               & (ent.status == 0))
+        m.d.comb += head_ws.eq(rnonempty & (rent.opcode <= WrOpcode.SEND_WITH_IMM.value)
+                               & (rent.status == 0))
         # ACK: everything up to and including P; NAK / responses: strictly before P
         ack_covers = Signal()
-        m.d.comb += ack_covers.eq(Mux(is_ack & ~is_nak, psn_le(ent.last_psn, rxm.psn),
-                                      psn_le(ent.last_psn, rxm.psn) & (ent.last_psn != rxm.psn)))
+        m.d.comb += ack_covers.eq(Mux(is_ack & ~is_nak, psn_le(rent.last_psn, rxm.psn),
+                                      psn_le(rent.last_psn, rxm.psn) & (rent.last_psn != rxm.psn)))
         rx_off = Signal(64)
-        m.d.comb += rx_off.eq(((rxm.psn - ent.first_psn)[:24]) << mtu_bits)
+        m.d.comb += rx_off.eq(((rxm.psn - rent.first_psn)[:24]) << mtu_bits)
         rresp_match = Signal()
-        m.d.comb += rresp_match.eq(nonempty & (ent.status == 0)
-                                   & (ent.opcode == WrOpcode.RDMA_READ.value)
-                                   & psn_le(ent.first_psn, rxm.psn) & psn_le(rxm.psn, ent.last_psn)
+        m.d.comb += rresp_match.eq(rnonempty & (rent.status == 0)
+                                   & (rent.opcode == WrOpcode.RDMA_READ.value)
+                                   & psn_le(rent.first_psn, rxm.psn) & psn_le(rxm.psn, rent.last_psn)
                                    # the data must stay inside the local buffer
-                                   & (rx_off + rxm.paylen <= ent.length))
+                                   & (rx_off + rxm.paylen <= rent.length))
         aack_match = Signal()
-        m.d.comb += aack_match.eq(nonempty & (ent.status == 0)
-                                  & ((ent.opcode == WrOpcode.ATOMIC_CMP_AND_SWP.value)
-                                     | (ent.opcode == WrOpcode.ATOMIC_FETCH_AND_ADD.value))
-                                  & (ent.first_psn == rxm.psn))
+        m.d.comb += aack_match.eq(rnonempty & (rent.status == 0)
+                                  & ((rent.opcode == WrOpcode.ATOMIC_CMP_AND_SWP.value)
+                                     | (rent.opcode == WrOpcode.ATOMIC_FETCH_AND_ADD.value))
+                                  & (rent.first_psn == rxm.psn))
 
-        # ---------------- control FSM
-        m.d.comb += trk_wr.addr.eq(Cat(tail[cur][:mo_bits], cur))
+        # ---------------- send FSM
         sq_mask = Signal(32)
         m.d.comb += sq_mask.eq((Const(1, 33) << ctx.sq_log_size) - 1)
         m.d.comb += fetch.req.payload.addr.eq(ctx.sq_base + ((fi[cur] & sq_mask) << 6))
@@ -420,7 +528,6 @@ class Requester(wiring.Component):
         m.d.comb += fetch.req.payload.count.eq(n_batch)
 
         ev_any = Signal()
-        ev_sel = Signal(self.qpn_bits)
         for i in reversed(range(nq)):
             with m.If(ev_pend[i]):
                 m.d.comb += [ev_any.eq(1), ev_sel.eq(i)]
@@ -439,23 +546,24 @@ class Requester(wiring.Component):
         with m.Elif(self.db.valid & self.qp_event.valid):
             m.d.sync += db_early.eq(1)
 
-        with m.FSM():
+        with m.FSM(name="send"):
             with m.State("IDLE"):
                 db_q = self.db.payload.qpn[:self.qpn_bits]
                 with m.If(ev_any & ~(self.db.valid & db_early)):
-                    m.d.comb += ev_clear.eq(1)
-                    with m.If(ev_reset[ev_sel]):
+                    # the event waits while the response FSM works on that QP (bounded)
+                    with m.If(~(rx_busy & (rcur == ev_sel))):
+                        m.d.comb += ev_clear.eq(1)
+                        with m.If(ev_reset[ev_sel]):
+                            m.d.comb += ev_rst_rd.eq(1)
+                            m.d.sync += [
+                                pi[ev_sel].eq(0), fi[ev_sel].eq(0), ci[ev_sel].eq(0),
+                                head[ev_sel].eq(0), tail[ev_sel].eq(0),
+                                npsn[ev_sel].eq(ev_psn[ev_sel]), lerr[ev_sel].eq(0),
+                            ]
                         m.d.sync += [
-                            pi[ev_sel].eq(0), fi[ev_sel].eq(0), ci[ev_sel].eq(0),
-                            head[ev_sel].eq(0), tail[ev_sel].eq(0),
-                            npsn[ev_sel].eq(ev_psn[ev_sel]),
-                            rd_out[ev_sel].eq(0), rd_ok[ev_sel].eq(1),
-                            fence_wait[ev_sel].eq(0), lerr[ev_sel].eq(0),
+                            rts[ev_sel].eq(ev_state[ev_sel] == formats.QpState.RTS.value),
+                            err[ev_sel].eq(ev_state[ev_sel] == formats.QpState.ERR.value),
                         ]
-                    m.d.sync += [
-                        rts[ev_sel].eq(ev_state[ev_sel] == formats.QpState.RTS.value),
-                        err[ev_sel].eq(ev_state[ev_sel] == formats.QpState.ERR.value),
-                    ]
                 with m.Elif(self.db.valid):
                     # doorbell: look the QP up right now (index = db qpn)
                     m.d.comb += [self.qp.index.eq(db_q), self.db.ready.eq(1)]
@@ -469,17 +577,6 @@ class Requester(wiring.Component):
                         m.next = "SET_ERR"
                     with m.Else():
                         m.d.sync += pi[db_q].eq(self.db.payload.pi)
-                with m.Elif(self.rx.meta.valid):
-                    m.d.comb += self.rx.meta.ready.eq(1)
-                    rq = self.rx.meta.payload.dest_qpn
-                    m.d.sync += [rxm.eq(self.rx.meta.payload), cur.eq(rq[:self.qpn_bits])]
-                    ok = Signal()
-                    m.d.comb += ok.eq((rq < nq) & rts[rq[:self.qpn_bits]]
-                                      & ~err[rq[:self.qpn_bits]] & ~ev_pend[rq[:self.qpn_bits]])
-                    with m.If(ok):
-                        m.next = "RX_ACK"
-                    with m.Elif(self.rx.meta.payload.paylen != 0):
-                        m.next = "RX_DROP"
                 with m.Elif(fl_any):
                     m.d.sync += [cur.eq(fl_sel), flushing.eq(1)]
                     m.next = "FLUSH"
@@ -494,12 +591,11 @@ class Requester(wiring.Component):
                     m.d.sync += [err[cur].eq(1), lerr[cur].eq(0)]
                     m.next = "SET_ERR"
                 with m.Elif(nonempty):
-                    m.d.sync += set_cqe(ent.wr_id,
+                    m.d.sync += set_cqe(cqe_reg, cur, ent.wr_id,
                                         Mux(ent.status != 0, ent.status,
                                             WcStatus.WR_FLUSH_ERR.value),
                                         ent.opcode, 0)
-                    m.d.sync += pop_head()
-                    m.d.sync += cqe_ret_ack.eq(0)
+                    m.d.sync += pop_head(cur)
                     m.next = "CQE"
                 with m.Else():
                     m.next = "FETCH"
@@ -537,28 +633,51 @@ class Requester(wiring.Component):
             with m.State("CHECK"):
                 with m.If(flushing):
                     op3 = Mux(known, op[:3], 7)
-                    m.d.sync += set_cqe(wqe.wr_id, WcStatus.WR_FLUSH_ERR.value, op3, 0)
-                    m.d.sync += [fi[cur].eq(fi[cur] + 1), ci[cur].eq(ci[cur] + 1),
-                                 cqe_ret_ack.eq(0)]
+                    m.d.sync += set_cqe(cqe_reg, cur, wqe.wr_id, WcStatus.WR_FLUSH_ERR.value, op3, 0)
+                    m.d.sync += [fi[cur].eq(fi[cur] + 1), ci[cur].eq(ci[cur] + 1)]
                     m.next = "CQE"
                 with m.Elif(wqe.flags[1] & (rd_out[cur] != 0)):
                     # fence: wait for the earlier READ/atomic requests, fetch again later
-                    m.d.sync += fence_wait[cur].eq(1)
+                    m.d.comb += tx_fence_set.eq(1)
                     m.next = "NEXT"
+                with m.Elif(rx_trk_we):
+                    pass        # the tracker write port is taken by the response FSM: retry
                 with m.Elif(loc_status != 0):
                     m.d.comb += [
-                        trk_wr.en.eq(1),
-                        trk_wr.data.wr_id.eq(wqe.wr_id),
-                        trk_wr.data.opcode.eq(Mux(known, op[:3], 7)),
-                        trk_wr.data.status.eq(loc_status),
-                        trk_wr.data.first_psn.eq(npsn[cur]),
-                        trk_wr.data.last_psn.eq(npsn[cur]),
+                        tx_trk_we.eq(1),
+                        tx_trk_data.wr_id.eq(wqe.wr_id),
+                        tx_trk_data.opcode.eq(Mux(known, op[:3], 7)),
+                        tx_trk_data.status.eq(loc_status),
+                        tx_trk_data.first_psn.eq(npsn[cur]),
+                        tx_trk_data.last_psn.eq(npsn[cur]),
                     ]
                     m.d.sync += [tail[cur].eq(tail[cur] + 1), fi[cur].eq(fi[cur] + 1),
                                  lerr[cur].eq(1), lerr_idx[cur].eq(fi[cur])]
                     m.next = "NEXT"
                 with m.Else():
+                    # the message enters the tracker before its first packet is queued
+                    m.d.comb += [
+                        tx_trk_we.eq(1),
+                        tx_trk_data.wr_id.eq(wqe.wr_id),
+                        tx_trk_data.local_addr.eq(wqe.local_addr),
+                        tx_trk_data.length.eq(wqe.length),
+                        tx_trk_data.first_psn.eq(npsn[cur]),
+                        tx_trk_data.last_psn.eq(last_psn),
+                        tx_trk_data.opcode.eq(op[:3]),
+                        tx_trk_data.signaled.eq(wqe.flags[0]),
+                        tx_trk_data.status.eq(0),
+                        tx_rd_inc.eq(single),
+                        self.stat_write.eq(is_write),
+                        self.stat_send.eq(known & ~is_write & ~single),
+                        self.stat_read.eq(is_read),
+                        self.stat_cas.eq(op == WrOpcode.ATOMIC_CMP_AND_SWP.value),
+                        self.stat_faa.eq(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value),
+                    ]
                     m.d.sync += [
+                        tail[cur].eq(tail[cur] + 1),
+                        fi[cur].eq(fi[cur] + 1),
+                        npsn[cur].eq(npsn[cur] + npkts),
+                        qcq[cur].eq(ctx.send_cq),
                         seg_left.eq(wqe.length),
                         seg_addr.eq(wqe.local_addr),
                         seg_psn.eq(npsn[cur]),
@@ -566,10 +685,13 @@ class Requester(wiring.Component):
                         meta_done.eq(0),
                         req_done.eq(0),
                     ]
+                    with m.If(single):
+                        m.d.sync += qlim[cur].eq(rd_lim)
                     m.next = "SEND_META"
 
             with m.State("SEND_META"):
-                # queue the header and request the payload (if the buffer has room for it)
+                # queue the header and request the payload (if the buffer has room for it);
+                # may wait here on tx for as long as it takes: the response FSM goes on
                 m.d.comb += [
                     desc.w_en.eq(~meta_done),
                     self.pay_rd.req.valid.eq(~req_done & (paylen != 0) & pay_fits),
@@ -584,7 +706,7 @@ class Requester(wiring.Component):
 
             with m.State("SEG_END"):
                 with m.If(pkt_last):
-                    m.next = "COMMIT"
+                    m.next = "NEXT"
                 with m.Else():
                     m.d.sync += [
                         seg_left.eq(seg_left - cfg.mtu),
@@ -594,79 +716,72 @@ class Requester(wiring.Component):
                     ]
                     m.next = "SEND_META"
 
-            with m.State("COMMIT"):
-                m.d.comb += [
-                    trk_wr.en.eq(1),
-                    trk_wr.data.wr_id.eq(wqe.wr_id),
-                    trk_wr.data.local_addr.eq(wqe.local_addr),
-                    trk_wr.data.length.eq(wqe.length),
-                    trk_wr.data.first_psn.eq(npsn[cur]),
-                    trk_wr.data.last_psn.eq(last_psn),
-                    trk_wr.data.opcode.eq(op[:3]),
-                    trk_wr.data.signaled.eq(wqe.flags[0]),
-                    trk_wr.data.status.eq(0),
-                ]
-                m.d.sync += [
-                    tail[cur].eq(tail[cur] + 1),
-                    fi[cur].eq(fi[cur] + 1),
-                    npsn[cur].eq(npsn[cur] + npkts),
-                ]
-                with m.If(single):
-                    m.d.sync += [rd_out[cur].eq(rd_out[cur] + 1),
-                                 rd_ok[cur].eq((rd_out[cur] + 1) < rd_lim)]
-                m.d.comb += [
-                    self.stat_write.eq(is_write),
-                    self.stat_send.eq(known & ~is_write & ~single),
-                    self.stat_read.eq(is_read),
-                    self.stat_cas.eq(op == WrOpcode.ATOMIC_CMP_AND_SWP.value),
-                    self.stat_faa.eq(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value),
-                ]
-                m.next = "NEXT"
-
             with m.State("SET_ERR"):
-                m.d.comb += self.set_err.valid.eq(1)
-                with m.If(self.set_err.ready):
+                m.d.comb += tx_err_v.eq(1)
+                with m.If(tx_err_rdy):
                     m.next = "NEXT"
 
-            with m.State("RX_ACK"):
-                with m.If(head_ws & ack_covers):
-                    # implicit or explicit acknowledgement of a WRITE/SEND
-                    m.d.sync += pop_head()
-                    with m.If(ent.signaled):
-                        m.d.sync += set_cqe(ent.wr_id, 0, ent.opcode, ent.length)
-                        m.d.sync += cqe_ret_ack.eq(1)
-                        m.next = "CQE"
-                with m.Elif(is_nak):
-                    m.d.comb += self.stat_nak_rx.eq(1)
-                    with m.If(nonempty):
-                        m.d.comb += [
-                            trk_wr.addr.eq(Cat(head[cur][:mo_bits], cur)),
-                            trk_wr.en.eq(1),
-                            trk_wr.data.eq(ent),
-                            trk_wr.data.status.eq(nak_status),
-                        ]
-                        m.d.sync += err[cur].eq(1)
-                        m.next = "SET_ERR"
-                    with m.Else():
-                        m.next = "IDLE"
-                with m.Elif(is_ack):
-                    m.next = "IDLE"
-                with m.Elif(is_rresp & rresp_match):
-                    m.d.sync += [rx_addr.eq(ent.local_addr + rx_off), rx_complete.eq(rresp_end)]
-                    with m.If(rxm.paylen != 0):
-                        m.next = "RX_DATA"
-                    with m.Else():
-                        m.next = "RX_DONE"
-                with m.Elif(is_aack & aack_match):
-                    m.d.sync += [rx_addr.eq(ent.local_addr), rx_complete.eq(1)]
-                    m.next = "RX_ATOMIC"
-                with m.Elif(rxm.paylen != 0):
-                    m.next = "RX_DROP"
-                with m.Else():
+            with m.State("CQE"):
+                m.d.comb += tx_cqe_v.eq(1)
+                with m.If(tx_cqe_rdy):
                     m.next = "IDLE"
 
-            with m.State("RX_DATA"):
+        # ---------------- response FSM: never waits on tx or on the send FSM
+        with m.FSM(name="resp"):
+            with m.State("R_IDLE"):
+                m.d.comb += self.rx.meta.ready.eq(1)
+                with m.If(self.rx.meta.valid):
+                    rq = self.rx.meta.payload.dest_qpn
+                    rqi = rq[:self.qpn_bits]
+                    m.d.sync += [rxm.eq(self.rx.meta.payload), rcur.eq(rqi)]
+                    ok = Signal()
+                    m.d.comb += ok.eq((rq < nq) & rts[rqi] & ~err[rqi] & ~ev_pend[rqi]
+                                      & ~flush_cond.bit_select(rqi, 1))
+                    with m.If(ok):
+                        m.next = "R_ACK"
+                    with m.Elif(self.rx.meta.payload.paylen != 0):
+                        m.next = "R_DROP"
+
+            with m.State("R_ACK"):
+                m.d.comb += rx_busy.eq(1)
+                with m.If(head_ws & ack_covers):
+                    # implicit or explicit acknowledgement of a WRITE/SEND
+                    m.d.sync += pop_head(rcur)
+                    with m.If(rent.signaled):
+                        m.d.sync += set_cqe(rcqe_reg, rcur, rent.wr_id, 0, rent.opcode, rent.length)
+                        m.d.sync += rcqe_ret_ack.eq(1)
+                        m.next = "R_CQE"
+                with m.Elif(is_nak):
+                    m.d.comb += self.stat_nak_rx.eq(1)
+                    with m.If(rnonempty):
+                        m.d.comb += [
+                            rx_trk_we.eq(1),
+                            rx_trk_data.eq(rent),
+                            rx_trk_data.status.eq(nak_status),
+                        ]
+                        m.d.sync += err[rcur].eq(1)
+                        m.next = "R_ERR"
+                    with m.Else():
+                        m.next = "R_IDLE"
+                with m.Elif(is_ack):
+                    m.next = "R_IDLE"
+                with m.Elif(is_rresp & rresp_match):
+                    m.d.sync += [rx_addr.eq(rent.local_addr + rx_off), rx_complete.eq(rresp_end)]
+                    with m.If(rxm.paylen != 0):
+                        m.next = "R_DATA"
+                    with m.Else():
+                        m.next = "R_DONE"
+                with m.Elif(is_aack & aack_match):
+                    m.d.sync += [rx_addr.eq(rent.local_addr), rx_complete.eq(1)]
+                    m.next = "R_ATOMIC"
+                with m.Elif(rxm.paylen != 0):
+                    m.next = "R_DROP"
+                with m.Else():
+                    m.next = "R_IDLE"
+
+            with m.State("R_DATA"):
                 m.d.comb += [
+                    rx_busy.eq(1),
                     self.dma_wr.valid.eq(self.rx.payload.valid),
                     self.dma_wr.payload.addr.eq(rx_addr),
                     self.dma_wr.payload.len.eq(rxm.paylen),
@@ -677,10 +792,11 @@ class Requester(wiring.Component):
                 ]
                 with m.If(self.rx.payload.valid & self.dma_wr.ready
                           & self.rx.payload.payload.last):
-                    m.next = "RX_DONE"
+                    m.next = "R_DONE"
 
-            with m.State("RX_ATOMIC"):
+            with m.State("R_ATOMIC"):
                 m.d.comb += [
+                    rx_busy.eq(1),
                     self.dma_wr.valid.eq(1),
                     self.dma_wr.payload.addr.eq(rx_addr),
                     self.dma_wr.payload.len.eq(8),
@@ -689,35 +805,43 @@ class Requester(wiring.Component):
                     self.dma_wr.payload.last.eq(1),
                 ]
                 with m.If(self.dma_wr.ready):
-                    m.next = "RX_DONE"
+                    m.next = "R_DONE"
 
-            with m.State("RX_DONE"):
+            with m.State("R_DONE"):
+                m.d.comb += rx_busy.eq(1)
                 with m.If(rx_complete):
-                    m.d.sync += pop_head()
-                    m.d.sync += release_rd()
-                    with m.If(ent.signaled):
-                        m.d.sync += set_cqe(ent.wr_id, 0, ent.opcode,
-                                            Mux(ent.opcode == WrOpcode.RDMA_READ.value,
-                                                ent.length, 8))
-                        m.d.sync += cqe_ret_ack.eq(0)
-                        m.next = "CQE"
+                    # a READ/atomic completed: pop it and give back its credit
+                    m.d.sync += pop_head(rcur)
+                    m.d.comb += rx_rd_dec.eq(1)
+                    with m.If(rent.signaled):
+                        m.d.sync += set_cqe(rcqe_reg, rcur, rent.wr_id, 0, rent.opcode,
+                                            Mux(rent.opcode == WrOpcode.RDMA_READ.value,
+                                                rent.length, 8))
+                        m.d.sync += rcqe_ret_ack.eq(0)
+                        m.next = "R_CQE"
                     with m.Else():
-                        m.next = "IDLE"
+                        m.next = "R_IDLE"
                 with m.Else():
-                    m.next = "IDLE"
+                    m.next = "R_IDLE"
 
-            with m.State("RX_DROP"):
+            with m.State("R_DROP"):
+                # the payload of a dropped response (no QP state is touched: not busy)
                 m.d.comb += self.rx.payload.ready.eq(1)
                 with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
-                    m.next = "IDLE"
+                    m.next = "R_IDLE"
 
-            with m.State("CQE"):
-                m.d.comb += self.cqe.valid.eq(1)
-                with m.If(self.cqe.ready):
-                    with m.If(cqe_ret_ack):
-                        m.next = "RX_ACK"
+            with m.State("R_CQE"):
+                m.d.comb += [rx_busy.eq(1), rx_cqe_v.eq(1)]
+                with m.If(rx_cqe_rdy):
+                    with m.If(rcqe_ret_ack):
+                        m.next = "R_ACK"
                     with m.Else():
-                        m.next = "IDLE"
+                        m.next = "R_IDLE"
+
+            with m.State("R_ERR"):
+                m.d.comb += [rx_busy.eq(1), rx_err_v.eq(1)]
+                with m.If(rx_err_rdy):
+                    m.next = "R_IDLE"
 
         # ---------------- packet emitter: header, then its payload from the buffer
         seg_beats = Signal(range(pay_beats + 1))

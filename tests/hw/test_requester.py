@@ -122,6 +122,8 @@ class World:
         self.ev_q = deque()
         self.inject = {}                  # (q, message index) -> [(meta, payload)] sent first
         self.final_psn = {}               # q -> PSN of the last message (always acknowledged)
+        self.tx_block = None              # (packets sent, cycles): then tx.meta.ready held low
+        self.tx_block_t = None            # when that block started
 
     # ---- host-side helpers
     def fill(self, mem, addr, data):
@@ -330,9 +332,19 @@ def run(world, script, max_cycles=20000):
             world.unacked[q] = 0
             world.resp.append((ready, dict(base, opcode=B.ACKNOWLEDGE.value, psn=psn), b""))
 
+    def tx_blocked():
+        if world.tx_block is None:
+            return False
+        n, cycles = world.tx_block
+        if world.tx_block_t is None:
+            if len(world.tx) < n:
+                return False
+            world.tx_block_t = world.t
+        return world.t < world.tx_block_t + cycles
+
     async def tx(ctx):
         while True:
-            ctx.set(dut.tx.meta.ready, rng.random() >= bp)
+            ctx.set(dut.tx.meta.ready, rng.random() >= bp and not tx_blocked())
             _, _, v, r, p = await ctx.tick().sample(dut.tx.meta.valid, dut.tx.meta.ready, dut.tx.meta.payload)
             if not (v and r):
                 continue
@@ -1086,3 +1098,53 @@ def test_large_messages_many_qps():
     for q in plan:
         check_success(world, q, plan[q])
     assert max(len(p) for _, _, _, p in world.tx) == 256
+
+
+def test_responses_while_tx_blocked():
+    """Deadlock freedom: tx.meta.ready is held low for a long time while the send engine is in
+    the middle of a long message (its payload buffer full). The responses to the messages
+    already sent (ACKs, READ data, atomic ACK) keep arriving on rx: they must all be accepted
+    and their completions (and READ / atomic results) must come out while tx is still blocked."""
+    world = World(CFG, 19, bp=0.2, resp_lat=20)
+    rng = random.Random(19)
+    setup_memory(world, rng)
+    rd_dst = GOOD["base"] + 0x8000
+    pre = [wqe(O.RDMA_WRITE, 300, SIG, local=GOOD["base"], remote=0x800000),
+           wqe(O.RDMA_READ, 700, SIG, local=rd_dst, remote=0x801000),
+           wqe(O.ATOMIC_FETCH_AND_ADD, 8, SIG, local=GOOD["base"] + 0xF000, remote=0x802000, cmp=9),
+           wqe(O.SEND, 40, SIG, local=GOOD["base"] + 0x100)]
+    big = wqe(O.RDMA_WRITE, 6000, SIG, local=GOOD["base"], remote=0x803000)      # 24 packets
+    qps = (0, 2)
+    plan = {q: [dict(w, wr_id=None) for w in pre] + [dict(big, wr_id=None)] for q in qps}
+    n_pre = sum(len(expected_packets(world, 0, pre, 0)) for _ in qps)
+    BLOCK = 2500
+    world.tx_block = (n_pre, BLOCK)
+    for q in qps:
+        world.final_psn[q] = None
+    seen = {}
+
+    async def script(ctx, world, event, wait):
+        for q in qps:
+            await event(q, formats.QpState.RTS.value, 0)
+        for q in qps:
+            for w in plan[q]:
+                world.post(q, w)
+            world.ring(q)
+        await wait(lambda: world.tx_block_t is not None)
+        # the responses to everything sent before the block come in and complete, tx blocked
+        await wait(lambda: len(world.cqes) >= len(pre) * len(qps), limit=BLOCK - 500)
+        for _ in range(100):
+            await ctx.tick()
+        seen["blocked"] = world.t < world.tx_block_t + BLOCK
+        seen["tx"] = len(world.tx)
+        seen["resp_left"] = len(world.resp)
+        seen["cqes"] = len(world.cqes)
+        await wait(lambda: len(world.cqes) >= len(pre) * len(qps) + len(qps), limit=30000)
+
+    run(world, script, max_cycles=30000)
+    assert seen == dict(blocked=True, tx=n_pre, resp_left=0, cqes=len(pre) * len(qps))
+    for q in qps:
+        check_success(world, q, plan[q])
+        assert world.get(world.host, rd_dst, 700) == world.get(world.remote, 0x801000, 700)
+    assert int.from_bytes(world.get(world.host, GOOD["base"] + 0xF000, 8), "little") == \
+        int.from_bytes(world.get(world.remote, 0x802000, 8), "little") - 9
