@@ -4,6 +4,7 @@ Run through tests/test_system.py. Environment: ``RNIC_PRESET`` (default ``small`
 ``TB_SEED``, ``TB_OPS`` (random test size), ``TB_BACKPRESSURE`` (DMA ready-low probability).
 """
 
+import dataclasses
 import os
 import random
 
@@ -253,7 +254,12 @@ async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeo
                                           swap=rng.getrandbits(64), imm=rng.getrandbits(32),
                                           send_flags=flags)))
                 wr_id += 1
-        for src, wr in batch:
+        # The last request of each QP in a batch is signaled: its completion means every
+        # earlier (possibly unsignaled) request of the QP is done, so memory can be compared.
+        last = {id(src["qp"]): i for i, (src, _) in enumerate(batch)}
+        for i, (src, wr) in enumerate(batch):
+            if last[id(src["qp"])] == i:
+                wr = dataclasses.replace(wr, send_flags=wr.send_flags | SendFlags.SIGNALED)
             await sb.post_send(src["qp"], wr)
         done += len(batch)
         await sb.check(timeout_ns=timeout_ns)
