@@ -439,7 +439,9 @@ class Mmio:
     drives ``we`` for one clock cycle; returns when the NIC has taken the write.
     ``await read(addr)``: waits ``mmio_ns``, drives ``re`` for one cycle, samples ``rdata``
     in the next cycle (``rvalid`` must be high) and waits ``mmio_ns`` for the completion to
-    return: two cycles plus the round trip. Accesses are serialised by a lock.
+    return: two cycles plus the round trip. The latency of concurrent callers (host threads)
+    overlaps, as posted writes from several cores do; only the bus cycles are serialised by
+    a lock, in order of arrival.
     """
 
     def __init__(self, dut, prefix, clk, mmio_ns=0.0):
@@ -464,8 +466,8 @@ class Mmio:
 
     async def write(self, addr, value):
         from cocotb.triggers import RisingEdge
+        await self._latency()
         async with self._lock:
-            await self._latency()
             await RisingEdge(self.clk)
             self.addr.value = addr
             self.wdata.value = value & ((1 << 64) - 1)
@@ -476,8 +478,8 @@ class Mmio:
 
     async def read(self, addr):
         from cocotb.triggers import RisingEdge
+        await self._latency()
         async with self._lock:
-            await self._latency()
             await RisingEdge(self.clk)
             self.addr.value = addr
             self.re.value = 1
@@ -488,8 +490,8 @@ class Mmio:
                 raise AssertionError(f"MMIO read of {addr:#x}: rvalid low the cycle after re")
             value = int(self.rdata.value)
             self.reads += 1
-            await self._latency()
-            return value
+        await self._latency()
+        return value
 
 
 async def start_clock_and_reset(dut, clock_mhz, *, clk="clk", rst="rst", cycles=4):
