@@ -12,13 +12,28 @@ a register serialise on the driver's spinlock around the register write. The reg
 here provides what the host model needs for that: one register per binding, its last
 value readable, and the count of rings.
 
+Send doorbells are **coalesced per QP**, never dropped: the producer index in a ring is
+absolute (free running), so a newer ring for a QP supersedes one not yet taken, as the
+doorbell record of a real RNIC does. A valid ring writes the QP's latest ``pi`` (a memory of
+``n_qps`` entries) and, if the QP has no ring pending yet, appends its QPN to a queue of
+pending QPs (each QP is in it at most once, so ``n_qps + 1`` entries never overflow); the
+head of that queue is moved, with the QP's latest ``pi``, into the output register that
+drives ``sq_db``. The consumer (the requester's send engine) takes doorbells only between
+batches, so with many QPs ringing a queue of individual rings could fill up and lose the
+last ring of a QP, whose posted work requests would then never be sent. Rings are thus
+delivered in the order of each QP's first pending ring; a QP's ``pi`` never goes back.
+
 Also decoded here: the receive-queue doorbell (``RQ_DB``) and the CQ consumer-index
-doorbell (``CQ_DB``). Each kind of ring is queued in a 16-entry FIFO so that an MMIO write
-is never stalled; a ring that finds its FIFO full is dropped and counted as rejected.
+doorbell (``CQ_DB``), each queued in a 16-entry FIFO so that an MMIO write is never stalled
+(their consumers, the responder and the completion engine, are always ready); a ring that
+finds its FIFO full anyway is dropped and counted as rejected.
+
+A send ring for a QP number >= ``n_qps`` or on a register the QP is not bound to is
+rejected (``stat_reject``).
 """
 
 from amaranth import *
-from amaranth.lib import wiring, stream, data, fifo
+from amaranth.lib import wiring, stream, data, fifo, memory
 from amaranth.lib.wiring import In, Out
 
 from .config import NicConfig
@@ -68,12 +83,43 @@ class Doorbells(wiring.Component):
         ]
 
         fifos = {}
-        for name, layout in (("sq", self.sq_db.payload.shape()), ("rq", self.rq_db.payload.shape()),
-                             ("cq", CQ_DB_LAYOUT)):
+        for name, layout in (("rq", self.rq_db.payload.shape()), ("cq", CQ_DB_LAYOUT)):
             f = fifos[name] = fifo.SyncFIFOBuffered(width=Shape.cast(layout).width, depth=FIFO_DEPTH)
             m.submodules[f"{name}_fifo"] = f
             out = getattr(self, f"{name}_db")
             m.d.comb += [out.valid.eq(f.r_rdy), out.payload.eq(f.r_data), f.r_en.eq(out.ready)]
+
+        # ---- send doorbells: the latest pi of each QP, a queue of QPs with a ring pending,
+        # and the output register (stable while offered)
+        nq = cfg.n_qps
+        qb = self.qpn_bits
+        m.submodules.sq_pi = sq_pi = memory.Memory(shape=16, depth=nq, init=[])
+        pi_wr = sq_pi.write_port()
+        pi_rd = sq_pi.read_port(domain="comb")
+        m.submodules.sq_fifo = sq_q = fifo.SyncFIFO(width=qb, depth=nq + 1)
+        pend = Signal(nq)                   # QP is in sq_q
+        out_v = Signal()
+        out_q = Signal(qb)
+        out_pi = Signal(16)
+        m.d.comb += [
+            self.sq_db.valid.eq(out_v),
+            self.sq_db.payload.qpn.eq(out_q),
+            self.sq_db.payload.pi.eq(out_pi),
+        ]
+        load = Signal()
+        m.d.comb += [
+            load.eq(sq_q.r_rdy & (~out_v | self.sq_db.ready)),
+            sq_q.r_en.eq(load),
+            pi_rd.addr.eq(sq_q.r_data),
+        ]
+        pend_clr = Signal(nq)
+        pend_set = Signal(nq)
+        with m.If(load):
+            m.d.comb += pend_clr.eq(Const(1, nq) << sq_q.r_data)
+            m.d.sync += [out_v.eq(1), out_q.eq(sq_q.r_data), out_pi.eq(pi_rd.data)]
+        with m.Elif(self.sq_db.ready):
+            m.d.sync += out_v.eq(0)
+        m.d.sync += pend.eq((pend & ~pend_clr) | pend_set)
 
         push_ok = Signal()
         reject = Signal()
@@ -82,11 +128,15 @@ class Doorbells(wiring.Component):
         with m.If(bus.we):
             with m.If(in_db_range):
                 m.d.sync += regs[reg_index].eq(bus.wdata)
-                good = (word.qpn < cfg.n_qps) & (self.bind.data == reg_index) & fifos["sq"].w_rdy
+                q = word.qpn[:qb]
+                good = (word.qpn < nq) & (self.bind.data == reg_index)
                 with m.If(good):
-                    m.d.comb += [fifos["sq"].w_en.eq(1),
-                                 fifos["sq"].w_data.eq(Cat(word.qpn, word.pi)),
-                                 push_ok.eq(1)]
+                    # the QP enters the queue unless it is there already (and not leaving it
+                    # this very cycle); the queue has room for every QP, so sq_q.w_rdy holds
+                    m.d.comb += [pi_wr.addr.eq(q), pi_wr.data.eq(word.pi), pi_wr.en.eq(1),
+                                 push_ok.eq(1), pend_set.eq(Const(1, nq) << q)]
+                    with m.If(~pend.bit_select(q, 1) | (load & (sq_q.r_data == q))):
+                        m.d.comb += [sq_q.w_en.eq(1), sq_q.w_data.eq(q)]
                 with m.Else():
                     m.d.comb += reject.eq(1)
             with m.Elif(addr == Reg.RQ_DB):
