@@ -20,8 +20,9 @@ pending QPs (each QP is in it at most once, so ``n_qps + 1`` entries never overf
 head of that queue is moved, with the QP's latest ``pi``, into the output register that
 drives ``sq_db``. The consumer (the requester's send engine) takes doorbells only between
 batches, so with many QPs ringing a queue of individual rings could fill up and lose the
-last ring of a QP, whose posted work requests would then never be sent. Rings are thus
-delivered in the order of each QP's first pending ring; a QP's ``pi`` never goes back.
+last ring of a QP, whose posted work requests would then never be sent. QPs are served in
+the order of their first pending ring; the events of one QP carry the ``pi`` of its rings in
+ring order (rings that arrived while an earlier one was pending are skipped).
 
 Also decoded here: the receive-queue doorbell (``RQ_DB``) and the CQ consumer-index
 doorbell (``CQ_DB``), each queued in a 16-entry FIFO so that an MMIO write is never stalled
