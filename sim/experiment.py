@@ -65,7 +65,7 @@ def git_commit():
         return "unknown"
 
 
-def write_summary(name, config, targets, sim):
+def write_summary(name, config, targets, sim, extra=None):
     summary = {
         "experiment": name,
         "commit": git_commit(),
@@ -73,6 +73,8 @@ def write_summary(name, config, targets, sim):
         "targets": [t.as_dict() for t in targets],
         "sim": sim,
     }
+    if extra:
+        summary["extra"] = extra
     path = results_dir(name) / "summary.json"
     path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary

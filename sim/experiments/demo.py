@@ -3,7 +3,8 @@
 Builds the two-node system of the chosen preset (default ``connectx6``), runs
 sim/experiments/tb_demo.py under Verilator, and writes ``results/demo/``:
 
-* ``rtt.csv`` and ``rtt.png``: every unloaded 8-byte READ round trip (post to completion);
+* ``rtt.csv``: every unloaded 8-byte READ round trip (post to completion);
+* ``demo.png``: latency and throughput, the paper's value beside the model's;
 * ``summary.json``: targets ``read_rtt_us`` (SMART, ASPLOS'24: about 2.35 us on
   ConnectX-6 behind one switch) and ``mops``: 8-byte READ throughput of 12 QPs at depth 1
   in a batch-synchronous closed loop, which the SMART artifact measured at 5.103 Mops
@@ -56,7 +57,6 @@ def run(params):
         w.writerow(["sample", "read_rtt_us"])
         w.writerows(enumerate(rtt_us))
     median = statistics.median(rtt_us)
-    _plot(out / "rtt.png", rtt_us, median, cfg.name)
 
     paper_mops = PAPER_MOPS.get((r["qps"], r["depth"]))
     targets = [
@@ -68,8 +68,10 @@ def run(params):
     sim = {"cycles": r["cycles"], "wall_s": round(r["wall_s"], 2),
            "cycles_per_s": round(r["cycles"] / r["wall_s"], 1)}
     config = {"preset": cfg.name, **params, "build_skipped": info.skipped, "total_wall_s": round(wall, 1)}
-    summary = write_summary(NAME, config, targets, sim)
-    summary["extra"] = {"counters": r["counters"], "pcap_frames": r["pcap_frames"]}
+    summary = write_summary(NAME, config, targets, sim,
+                            extra={"mixed_mops": round(r["mixed_mops"], 3),
+                                   "counters": r["counters"], "pcap_frames": r["pcap_frames"]})
+    _plot(out / "demo.png", rtt_us, median, cfg.name, r["mops"], paper_mops, r["mixed_mops"])
     print(f"READ round trip: median {median:.3f} us, min {min(rtt_us):.3f}, max {max(rtt_us):.3f} "
           f"over {len(rtt_us)} samples")
     print(f"closed loop, 8-byte READ: {r['throughput_ops']} ops in "
@@ -80,18 +82,26 @@ def run(params):
     return summary
 
 
-def _plot(path, rtt_us, median, name):
+def _plot(path, rtt_us, median, name, mops, paper_mops, mixed_mops):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(rtt_us, bins=30, color="#4477aa")
-    ax.axvline(PAPER_RTT_US, color="#cc3311", linestyle="--", label=f"SMART: {PAPER_RTT_US} us")
-    ax.axvline(median, color="black", label=f"model median: {median:.2f} us")
-    ax.set_xlabel("8-byte READ round trip (us)")
-    ax.set_ylabel("samples")
-    ax.set_title(f"Unloaded READ latency, preset {name}")
-    ax.legend()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.5))
+    ax1.bar(["SMART (ConnectX-6)", "model"], [PAPER_RTT_US, median], color=["#cc3311", "#4477aa"])
+    ax1.errorbar([1], [median], yerr=[[median - min(rtt_us)], [max(rtt_us) - median]],
+                 color="black", capsize=4)
+    ax1.set_ylabel("8-byte READ round trip (us)")
+    ax1.set_title("Unloaded latency")
+    labels = ["SMART", "model: READ", "model: mix"]
+    values = [paper_mops or 0.0, mops, mixed_mops]
+    ax2.bar(labels, values, color=["#cc3311", "#4477aa", "#88ccee"])
+    ax2.set_ylabel("Mops")
+    ax2.set_title("12 QPs x depth 1, closed loop")
+    for ax in (ax1, ax2):
+        for p in ax.patches:
+            ax.annotate(f"{p.get_height():.2f}", (p.get_x() + p.get_width() / 2, p.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"make sim EXP=demo, preset {name}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
