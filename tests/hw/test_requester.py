@@ -609,6 +609,21 @@ def mixed(seed, bp, n=12, qs=(0, 1, 2), psn0=0, cfg=CFG):
     return world
 
 
+
+def post_ring_wait(ws, n_cqes, settle):
+    """A script for run(): QP 0 to RTS, post ``ws``, ring once, wait for ``n_cqes`` CQEs,
+    then let the model run ``settle`` more cycles (to catch anything extra)."""
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for w in ws:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: len(world.cqes) >= n_cqes)
+        for _ in range(settle):
+            await ctx.tick()
+    return script
+
+
 def test_mixed_no_backpressure():
     mixed(1, 0.0)
 
@@ -674,16 +689,7 @@ def test_unsignaled_and_coalesced_ack():
     ws = [wqe(O.RDMA_WRITE, 300, SIG if i % 3 == 2 else 0, local=GOOD["base"], remote=0x800000) for i in range(9)]
     world.final_psn[0] = 17
 
-    async def script(ctx, world, event, wait):
-        await event(0, formats.QpState.RTS.value, 0)
-        for w in ws:
-            world.post(0, w)
-        world.ring(0)
-        await wait(lambda: len(world.cqes) >= 3)
-        for _ in range(200):
-            await ctx.tick()
-
-    run(world, script)
+    run(world, post_ring_wait(ws, 3, settle=200))
     check_success(world, 0, ws)
     assert len(world.cqes) == 3
 
@@ -984,16 +990,7 @@ def test_bad_responses_dropped():
     ]
     world.final_psn[0] = None
 
-    async def script(ctx, world, event, wait):
-        await event(0, formats.QpState.RTS.value, 0)
-        for w in ws:
-            world.post(0, w)
-        world.ring(0)
-        await wait(lambda: len(world.cqes) >= 2)
-        for _ in range(50):
-            await ctx.tick()
-
-    run(world, script)
+    run(world, post_ring_wait(ws, 2, settle=50))
     check_success(world, 0, ws)
     assert world.get(world.host, dst, 300) == world.get(world.remote, 0x801000, 100) + bytes(200)
     assert world.set_err == []
