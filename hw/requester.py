@@ -18,6 +18,15 @@ Structure
     * a :class:`~hw.wqe_fetch.WqeFetch` reads up to :data:`WQE_BATCH` consecutive WQEs with one
       DMA read; the engine sends them back to back while the QP may still issue and drops
       (re-fetches later) the rest;
+    * up to ``fetch_depth`` such batches (of different QPs, at most one per QP) are fetched
+      at once: a fetch issuer takes the scheduler's grant and issues its DMA read whenever the
+      send engine is not using the QP lookup, so the fetch round trips of several QPs overlap
+      (as in real NICs). The batches are queued in issue order (the DMA read responses come
+      back in that order) and the engine takes them one at a time; a batch whose QP may no
+      longer issue when its turn comes (ERR, QP event pending, local error, fence) is dropped.
+      A QP with a batch in flight is not scheduled again, applies no QP event, and is not
+      flushed until the batch is done; a flush fetches its WQEs by itself, when no batch is
+      in flight;
     * for every request packet the engine queues its header (a FIFO of :data:`DESC_DEPTH`
       descriptors) and requests its payload from host memory; a packet emitter sends each
       header followed by its payload. The payload buffer (four MTUs) has room reserved for
@@ -26,6 +35,9 @@ Structure
       buffer (store and forward), so a packet on ``tx`` never waits on host memory;
     * a memory of ``n_qps * max_outstanding`` entries holds each QP's in-order list of sent
       messages (:data:`TRACKER_ENTRY`).
+
+Parameters: ``cfg`` (:class:`~hw.config.NicConfig`), ``fetch_depth`` (WQE fetch DMA reads
+in flight, of different QPs, in [1, 16]; default 4).
 
 Per-QP indices: ``pi`` (posted, from the doorbell), ``fi`` (next WQE to fetch and send) and
 ``ci`` (oldest not completed); the tracker holds the messages ``ci .. fi-1``. A message enters
@@ -53,7 +65,8 @@ The requester breaks it with three rules:
    ``SEND_META`` state until the packet emitter has made room), because nothing in (1)
    waits for it. Payload DMA data always has reserved buffer room (see above), so the send
    path never back-pressures the shared DMA read-response stream; fetched WQEs likewise go
-   into the reserved slots of :class:`~hw.wqe_fetch.WqeFetch`.
+   into the reserved slots of :class:`~hw.wqe_fetch.WqeFetch` (``WQE_BATCH * fetch_depth``
+   slots; a fetch is issued only when its slots are reserved).
 3. **Shared per-QP state is updated consistently.** The send FSM owns ``pi``, ``fi``,
    ``tail``, ``npsn``, ``lerr`` and the tracker entries it appends; the response FSM pops
    ``head`` / ``ci`` of the QP it serves. The READ/atomic count ``rd_out`` (+1 when the send
@@ -128,10 +141,14 @@ def psn_le(a, b):
 
 
 class Requester(wiring.Component):
-    def __init__(self, cfg):
+    def __init__(self, cfg, fetch_depth=4):
         if not isinstance(cfg, NicConfig):
             raise ValueError(f"cfg must be a NicConfig, not {type(cfg).__name__}")
+        if (not isinstance(fetch_depth, int) or isinstance(fetch_depth, bool)
+                or not 1 <= fetch_depth <= 16):
+            raise ValueError(f"fetch_depth must be an integer in [1, 16], not {fetch_depth!r}")
         self.cfg = cfg
+        self.fetch_depth = fetch_depth
         W = cfg.data_bytes
         self.qpn_bits = ceil_log2(cfg.n_qps)
         self.mr_bits = ceil_log2(cfg.n_mrs)
@@ -166,7 +183,11 @@ class Requester(wiring.Component):
         pay_beats = 4 * cfg.mtu // W          # payload buffer: four full packets
 
         m.submodules.sched = sched = Scheduler(nq)
-        m.submodules.fetch = fetch = WqeFetch(W, K)
+        KF = self.fetch_depth
+        m.submodules.fetch = fetch = WqeFetch(W, K * KF)
+        # WQE fetches issued and not yet taken by the send FSM, in issue order (the DMA read
+        # responses come back in that order): {qpn, count}
+        m.submodules.fq = fq = SyncFIFOBuffered(width=self.qpn_bits + 3, depth=KF)
         wiring.connect(m, fetch.dma, wiring.flipped(self.wqe_rd))
         # send engine -> packet emitter: header descriptors and payload beats
         m.submodules.desc = desc = SyncFIFOBuffered(width=formats.PKT_META.size, depth=DESC_DEPTH)
@@ -213,6 +234,7 @@ class Requester(wiring.Component):
         rx_busy = Signal()                  # the response FSM is not idle
 
         eligible = Signal(nq)
+        inflight = arr(1, "inflight")      # a fetched batch of this QP is queued or being sent
         flush_cond = Signal(nq)
         flushable = Signal(nq)
         for i in range(nq):
@@ -225,7 +247,7 @@ class Requester(wiring.Component):
                 # never flush the QP whose response is being handled
                 flushable[i].eq(flush_cond[i] & ~(rx_busy & (rcur == i))),
             ]
-        m.d.comb += sched.req.eq(eligible)
+        m.d.comb += sched.req.eq(eligible & ~Cat(*inflight))
 
         # ---------------- send FSM registers
         cur = Signal(self.qpn_bits)
@@ -508,16 +530,18 @@ class Requester(wiring.Component):
         # ---------------- send FSM
         sq_mask = Signal(32)
         m.d.comb += sq_mask.eq((Const(1, 33) << ctx.sq_log_size) - 1)
-        m.d.comb += fetch.req.payload.addr.eq(ctx.sq_base + ((fi[cur] & sq_mask) << 6))
+        fsel = Signal(self.qpn_bits)         # QP of the fetch request (cur or the grant)
+        f_addr = Signal(64)
+        m.d.comb += f_addr.eq(ctx.sq_base + ((fi[fsel] & sq_mask) << 6))
         # batch: what is posted, up to the end of the ring, the tracker room and WQE_BATCH
         n_posted = Signal(16)
         n_to_end = Signal(33)
         n_room = Signal(mo_bits + 1)
         n_batch = Signal(range(K + 1))
         m.d.comb += [
-            n_posted.eq(pi[cur] - fi[cur]),
-            n_to_end.eq(sq_mask + 1 - (fi[cur] & sq_mask)),
-            n_room.eq(MO - count(cur)),
+            n_posted.eq(pi[fsel] - fi[fsel]),
+            n_to_end.eq(sq_mask + 1 - (fi[fsel] & sq_mask)),
+            n_room.eq(MO - count(fsel)),
         ]
         prev = Const(K, range(K + 1))
         for i, lim in enumerate((n_posted, n_to_end, n_room)):
@@ -525,7 +549,6 @@ class Requester(wiring.Component):
             m.d.comb += nxt.eq(Mux(lim < prev, lim, prev))
             prev = nxt
         m.d.comb += n_batch.eq(Mux(flushing, 1, prev))
-        m.d.comb += fetch.req.payload.count.eq(n_batch)
 
         ev_any = Signal()
         for i in reversed(range(nq)):
@@ -546,12 +569,71 @@ class Requester(wiring.Component):
         with m.Elif(self.db.valid & self.qp_event.valid):
             m.d.sync += db_early.eq(1)
 
+        # ---------------- fetch issue: up to fetch_depth WQE fetches of different QPs in flight
+        # The scheduler's grant is fetched while the send FSM works on earlier batches, in
+        # the cycles when the send FSM does not use the QP lookup. Each fetch reserves its
+        # WQE slots in WqeFetch (so the DMA data is always accepted) and a place in fq. A QP
+        # has at most one batch in flight (``inflight``), which keeps its WQEs in order. The
+        # request is computed (QP lookup) when the grant is taken and held in a register
+        # until the DMA arbiter takes it (an offered request stays valid and stable).
+        lk_free = Signal()          # the send FSM does not use the QP lookup this cycle
+        fetching = Signal()         # the send FSM's own (flush) fetch
+        act = Signal()              # the send FSM took a batch of fq (inflight[cur] is set)
+        issue = Signal()
+        done = Signal()             # the batch of cur is done (its QP may be fetched again)
+        n_fl = Signal(range(KF + 1))    # batches fetched and not yet done
+        m.d.sync += n_fl.eq(n_fl + issue - done)
+        m.d.comb += [
+            fsel.eq(Mux(fetching, cur, sched.grant.payload.qpn)),
+            fq.w_data.eq(Cat(sched.grant.payload.qpn, n_batch)),
+        ]
+        pend_v = Signal()
+        pend_addr = Signal(64)
+        pend_cnt = Signal(3)
+        m.d.comb += [
+            fetch.req.valid.eq(pend_v | fetching),
+            fetch.req.payload.addr.eq(Mux(fetching, f_addr, pend_addr)),
+            fetch.req.payload.count.eq(Mux(fetching, n_batch, pend_cnt)),
+        ]
+        with m.If(pend_v & fetch.req.ready):
+            m.d.sync += pend_v.eq(0)
+        with m.If(~pend_v & ~fetching & lk_free & ~fl_any & ~flushing & ~ev_any & (n_fl != KF)
+                  & sched.grant.valid):
+            m.d.comb += [self.qp.index.eq(sched.grant.payload.qpn), issue.eq(1),
+                         sched.grant.ready.eq(1), fq.w_en.eq(1)]
+            m.d.sync += [inflight[sched.grant.payload.qpn].eq(1), pend_v.eq(1),
+                         pend_addr.eq(f_addr), pend_cnt.eq(n_batch)]
+        fq_q = Signal(self.qpn_bits)
+        fq_n = Signal(3)
+        m.d.comb += Cat(fq_q, fq_n).eq(fq.r_data)
+
         with m.FSM(name="send"):
             with m.State("IDLE"):
                 db_q = self.db.payload.qpn[:self.qpn_bits]
+                m.d.comb += lk_free.eq(~self.db.valid)
+                m.d.sync += flushing.eq(0)
+                with m.If(act):
+                    # the batch of cur is done: its QP may be fetched again
+                    m.d.comb += done.eq(1)
+                    m.d.sync += [inflight[cur].eq(0), act.eq(0)]
+
+                def take_batch():
+                    # the oldest fetched batch: sent if its QP may still issue, else dropped
+                    m.d.comb += fq.r_en.eq(1)
+                    m.d.sync += [cur.eq(fq_q), flushing.eq(0), act.eq(1), batch_left.eq(fq_n)]
+                    with m.If(eligible.bit_select(fq_q, 1)):
+                        m.next = "FETCH_WAIT"
+                    with m.Else():
+                        m.next = "DRAIN"
+
                 with m.If(ev_any & ~(self.db.valid & db_early)):
+                    with m.If(inflight[ev_sel]):
+                        # the event waits for the QP's batch in flight, which is dropped
+                        # (not eligible: event pending); no doorbell is taken before it
+                        with m.If(fq.r_rdy):
+                            take_batch()
                     # the event waits while the response FSM works on that QP (bounded)
-                    with m.If(~(rx_busy & (rcur == ev_sel))):
+                    with m.Elif(~(rx_busy & (rcur == ev_sel))):
                         m.d.comb += ev_clear.eq(1)
                         with m.If(ev_reset[ev_sel]):
                             m.d.comb += ev_rst_rd.eq(1)
@@ -577,13 +659,12 @@ class Requester(wiring.Component):
                         m.next = "SET_ERR"
                     with m.Else():
                         m.d.sync += pi[db_q].eq(self.db.payload.pi)
-                with m.Elif(fl_any):
+                with m.Elif(fq.r_rdy):
+                    take_batch()
+                with m.Elif(fl_any & (n_fl == 0)):
+                    # flushes fetch on their own: only when no batch is in flight
                     m.d.sync += [cur.eq(fl_sel), flushing.eq(1)]
                     m.next = "FLUSH"
-                with m.Elif(sched.grant.valid):
-                    m.d.comb += sched.grant.ready.eq(1)
-                    m.d.sync += [cur.eq(sched.grant.payload.qpn), flushing.eq(0)]
-                    m.next = "FETCH"
 
             with m.State("FLUSH"):
                 with m.If(~err[cur]):
@@ -601,19 +682,20 @@ class Requester(wiring.Component):
                     m.next = "FETCH"
 
             with m.State("FETCH"):
-                m.d.comb += fetch.req.valid.eq(1)
+                m.d.comb += [fetching.eq(1), fetch.req.valid.eq(1)]
                 with m.If(fetch.req.ready):
                     m.d.sync += batch_left.eq(n_batch)
                     m.next = "FETCH_WAIT"
 
             with m.State("FETCH_WAIT"):
-                m.d.comb += fetch.wqe.ready.eq(1)
+                m.d.comb += [fetch.wqe.ready.eq(1), lk_free.eq(~flushing)]
                 with m.If(fetch.wqe.valid):
                     m.d.comb += self.stat_wqe_fetch.eq(1)
                     m.d.sync += [wqe.eq(fetch.wqe.payload), batch_left.eq(batch_left - 1)]
                     m.next = "CHECK"
 
             with m.State("NEXT"):
+                m.d.comb += lk_free.eq(1)
                 # next WQE of the batch if the QP may still issue, else drop the rest
                 with m.If(batch_left == 0):
                     m.next = "IDLE"
@@ -623,7 +705,7 @@ class Requester(wiring.Component):
                     m.next = "DRAIN"
 
             with m.State("DRAIN"):
-                m.d.comb += fetch.wqe.ready.eq(1)
+                m.d.comb += [fetch.wqe.ready.eq(1), lk_free.eq(1)]
                 with m.If(fetch.wqe.valid):
                     m.d.comb += self.stat_wqe_fetch.eq(1)
                     m.d.sync += batch_left.eq(batch_left - 1)
@@ -705,6 +787,7 @@ class Requester(wiring.Component):
                     m.next = "SEG_END"
 
             with m.State("SEG_END"):
+                m.d.comb += lk_free.eq(1)
                 with m.If(pkt_last):
                     m.next = "NEXT"
                 with m.Else():

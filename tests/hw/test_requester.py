@@ -52,8 +52,8 @@ def qp_ctx(q, **kw):
 
 
 class Bench(wiring.Component):
-    def __init__(self, cfg, qps):
-        self.dut = Requester(cfg)
+    def __init__(self, cfg, qps, fetch_depth=4):
+        self.dut = Requester(cfg, fetch_depth)
         init = []
         for q in range(cfg.n_qps):
             c = int.from_bytes(formats.pack(regmap.QP_CTX, **qps[q]), "little")
@@ -91,8 +91,10 @@ def wqe(op, length=0, flags=SIG, local=0, lkey=None, remote=0, rkey=0x9999, imm=
 class World:
     """Everything outside the requester, as Python models."""
 
-    def __init__(self, cfg, seed, bp=0.3, resp_lat=20, naks=None, ack_skip=0.0, qps=None, dma_lat=4):
+    def __init__(self, cfg, seed, bp=0.3, resp_lat=20, naks=None, ack_skip=0.0, qps=None, dma_lat=4,
+                 fetch_depth=4):
         self.cfg = cfg
+        self.fetch_depth = fetch_depth    # the requester's WQE fetches in flight
         self.W = cfg.data_bytes
         self.rng = random.Random(seed)
         self.bp = bp
@@ -203,7 +205,7 @@ def run(world, script, max_cycles=20000):
     """script(ctx, world) is an async function driving events/doorbells; runs until it ends."""
     cfg = world.cfg
     W = world.W
-    bench = Bench(cfg, world.qps)
+    bench = Bench(cfg, world.qps, world.fetch_depth)
     dut = bench.dut
     rng = world.rng
     bp = world.bp
@@ -221,9 +223,13 @@ def run(world, script, max_cycles=20000):
 
     async def dma_read_req(ctx, port, log, queue):
         # pipelined: requests are accepted while earlier ones are being answered
+        held = None         # a request offered and not taken must stay valid and stable
         while True:
             ctx.set(port.req.ready, rng.random() >= bp and len(queue) < 16)
             _, _, v, r, p = await ctx.tick().sample(port.req.valid, port.req.ready, port.req.payload)
+            if held is not None:
+                assert v and (p.addr, p.len) == held, ("DMA request withdrawn or changed", held)
+            held = (p.addr, p.len) if v and not r else None
             if v and r:
                 log.append((p.addr, p.len))
                 assert 0 < p.len <= 65535
@@ -970,6 +976,46 @@ def test_doorbell_overflow():
 def test_bad_cfg():
     with pytest.raises(ValueError, match="cfg must be a NicConfig"):
         Requester(None)
+    for k in (0, 17, True, 2.0):
+        with pytest.raises(ValueError, match=r"fetch_depth must be an integer in \[1, 16\]"):
+            Requester(CFG, k)
+
+
+@pytest.mark.parametrize("fetch_depth", [4, 1])
+def test_wqe_fetches_overlap(fetch_depth):
+    """One 8-byte READ posted on each of four QPs, DMA read latency L = 200 cycles: with four
+    WQE fetches in flight the four requests leave within about L + 4 * c cycles of the
+    doorbells (the fetches overlap); with one fetch in flight they take more than 4 * L."""
+    L = 200
+    world = World(CFG, 20 + fetch_depth, bp=0.0, resp_lat=10, dma_lat=L, fetch_depth=fetch_depth)
+    rng = random.Random(20)
+    setup_memory(world, rng)
+    ws = {q: [wqe(O.RDMA_READ, 8, SIG, local=GOOD["base"] + 0x100 * q, remote=0x800000 + 0x10000 * q)]
+          for q in range(4)}
+    t_ring = []
+
+    async def script(ctx, world, event, wait):
+        for q in range(4):
+            await event(q, formats.QpState.RTS.value, 0)
+        for q in range(4):
+            world.post(q, ws[q][0])
+        t_ring.append(world.t)
+        for q in range(4):
+            world.ring(q)
+        await wait(lambda: len(world.cqes) >= 4)
+
+    for q in range(4):
+        world.final_psn[q] = None
+    run(world, script)
+    for q in range(4):
+        check_success(world, q, ws[q])
+    assert sorted(q for _, q, _, _ in world.tx) == [0, 1, 2, 3]
+    assert world.wqe_reads == [(world.qps[q]["sq_base"], 64) for q in range(4)]
+    span = world.tx[-1][0] - t_ring[0]
+    if fetch_depth == 4:
+        assert span < L + 8 + 4 * 20, [t for t, *_ in world.tx]
+    else:
+        assert span > 4 * L, [t for t, *_ in world.tx]
 
 
 def test_bad_responses_dropped():
@@ -1145,3 +1191,36 @@ def test_responses_while_tx_blocked():
         assert world.get(world.host, rd_dst, 700) == world.get(world.remote, 0x801000, 700)
     assert int.from_bytes(world.get(world.host, GOOD["base"] + 0xF000, 8), "little") == \
         int.from_bytes(world.get(world.remote, 0x802000, 8), "little") - 9
+
+
+def test_wqe_fetches_overlap_random_bp():
+    """Four QPs posting mixed messages in several rounds, fetches overlapping (three in flight),
+    random back-pressure: each QP's packets and completions are in order and correct."""
+    world = World(CFG, 21, bp=0.3, resp_lat=40, dma_lat=60, fetch_depth=3)
+    rng = random.Random(21)
+    setup_memory(world, rng)
+    ws = {q: [] for q in range(4)}
+    for q in range(4):
+        for i in range(6):
+            op = rng.choice([O.RDMA_WRITE, O.SEND, O.RDMA_READ])
+            ln = rng.choice([8, 40, 300])
+            ws[q].append(wqe(op, ln, SIG, local=GOOD["base"] + 0x1000 * q + 0x200 * i,
+                             remote=0x800000 + 0x10000 * q + 0x400 * i))
+
+    async def script(ctx, world, event, wait):
+        for q in range(4):
+            await event(q, formats.QpState.RTS.value, 0)
+        for r in range(3):
+            for q in range(4):
+                for w in ws[q][2 * r:2 * r + 2]:
+                    world.post(q, w)
+                world.ring(q)
+            for _ in range(rng.randrange(0, 200)):
+                await ctx.tick()
+        await wait(lambda: len(world.cqes) >= 24)
+
+    for q in range(4):
+        world.final_psn[q] = None
+    run(world, script)
+    for q in range(4):
+        check_success(world, q, ws[q])
