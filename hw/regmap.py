@@ -94,6 +94,15 @@ class Counter(enum.IntEnum):
     CQES = 19
     WQE_FETCHES = 20
     RESP_QUEUE_FULL = 21   # cycles the responder waited for room in its response queue
+    DUPLICATES = 22        # duplicate request packets answered without a second effect
+    SEQ_DROPS = 23         # out-of-sequence requests dropped silently (NAK already sent)
+    ATOMIC_REPLAYS = 24    # duplicate atomics answered from the replay cache
+    ACKS_COALESCED = 25    # queued ACKs replaced by a newer ACK of the same QP
+    ACK_TIMEOUTS = 26      # requester local ACK timer expirations
+    RETRANSMITS = 27       # go-back-N rewinds (timeout, PSN sequence NAK, RNR, lost response)
+    RNR_NAKS_RECEIVED = 28
+    RETRY_EXCEEDED = 29    # QPs moved to ERR by retry_cnt / rnr_retry exhaustion
+    RESP_DROPS = 30        # responses the requester dropped (no matching outstanding request)
 
 
 #: Static part of a queue pair's context, set by SET_QP (ARG0 holds bits 63:0).
@@ -109,6 +118,10 @@ QP_CTX = data.StructLayout({
     "dest_node": 8,        # remote node
     "access": 8,           # remote access this QP grants (Access flags)
     "max_rd_atomic": 5,    # outstanding READ/atomic limit, 1..16
+    "timeout": 5,          # local ACK timeout 4.096 us * 2**timeout (0: infinite), IBA 9.7.6.1.3
+    "retry_cnt": 3,        # retransmissions after timeout / PSN sequence NAK, 0..7
+    "rnr_retry": 3,        # retransmissions after RNR NAK, 0..6, 7 = infinite
+    "min_rnr_timer": 5,    # RNR NAK timer code this QP's responder sends (IBA table 45)
 })
 
 #: Completion queue context, set by SET_CQ.
