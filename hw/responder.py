@@ -109,7 +109,7 @@ Parameter ``read_buffers`` (power of two in [2, 16], default 4): size of the REA
 ring in MTUs.
 """
 
-from amaranth.hdl import Module, Signal, Const, Mux
+from amaranth.hdl import Cat, Module, Signal, Const, Mux
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -146,8 +146,17 @@ RSP_STATE = data.StructLayout({
     "rem": 32,      # WRITE: DMA length left; SEND: receive buffer space left
     "count": 32,    # WRITE: total DMA length (byte_len of WRITE_IMM); SEND: bytes so far
     "wr_id": 64,    # SEND: wr_id of the receive WQE being filled
+    "nak_sent": 1,  # a PSN sequence / RNR NAK was sent; later out-of-sequence packets are
+                    # dropped silently until the expected PSN arrives (IBA 9.7.5.2.2)
+    "rp": 4,        # atomic replay cache: next slot of this QP's ring
+    "rfull": 1,     # the ring has wrapped (every slot holds a result)
 })
 
+
+#: Atomic replay cache slots per QP (max_rd_atomic is at most 16: a retransmitted atomic is
+#: always among the last 16 atomics the QP executed).
+REPLAY_SLOTS = 16
+REPLAY_ENTRY = data.StructLayout({"psn": 24, "orig": 64})
 
 #: Kinds of response descriptors.
 RESP_ACK, RESP_READ, RESP_ATOMIC = 0, 1, 2
@@ -195,6 +204,10 @@ class Responder(wiring.Component):
             "stat_nak": Out(1),
             "stat_drop": Out(1),
             "stat_resp_full": Out(1),
+            "stat_dup": Out(1),
+            "stat_seq_drop": Out(1),
+            "stat_replay": Out(1),
+            "stat_coalesce": Out(1),
         })
 
     def elaborate(self, platform):
@@ -211,6 +224,12 @@ class Responder(wiring.Component):
         st_rd = st_mem.read_port(domain="comb")
         st_wr = st_mem.write_port()
         m.submodules.pi_mem = pi_mem = Memory(shape=16, depth=cfg.n_qps, init=[])
+        # atomic replay cache: REPLAY_SLOTS recent (PSN, original value) pairs per QP
+        m.submodules.replay = rc_mem = Memory(shape=REPLAY_ENTRY, depth=cfg.n_qps * REPLAY_SLOTS,
+                                              init=[])
+        rc_rd = rc_mem.read_port(domain="comb")
+        rc_wr = rc_mem.write_port()
+        rscan = Signal(range(REPLAY_SLOTS))
         pi_rd = pi_mem.read_port(domain="comb")
         pi_wr = pi_mem.write_port()
 
@@ -250,7 +269,12 @@ class Responder(wiring.Component):
             self.qp.index.eq(qpn),
             st_rd.addr.eq(qpn),
             pi_rd.addr.eq(qpn),
+            rc_rd.addr.eq(Cat(rscan, qpn)),
         ]
+        # a PSN in the half of the PSN space behind the expected PSN is a duplicate
+        behind = Signal(24)
+        m.d.comb += behind.eq(s.epsn - pk.psn)
+        psn_behind = (behind != 0) & (behind <= (1 << 23))
 
         # ---- opcode classes (from the latched meta) ---------------------------------
         op = pk.opcode
@@ -316,9 +340,14 @@ class Responder(wiring.Component):
                 ack_msn.eq(s.msn), f_err.eq(fatal), f_wb.eq(0),
             ]
 
+        def rnr_nak():
+            """RNR NAK (IBA 9.7.5.2.8): no state change but ``nak_sent`` (written back)."""
+            nak(Syn.RNR_NAK.value | ctx.min_rnr_timer, 0)
+            m.d.sync += [f_wb.eq(1), s.nak_sent.eq(1)]
+
         def commit(msg_last):
             m.d.sync += [
-                s.epsn.eq(s.epsn + 1), s.msn.eq(s.msn + msg_last), f_wb.eq(1),
+                s.epsn.eq(s.epsn + 1), s.msn.eq(s.msn + msg_last), f_wb.eq(1), s.nak_sent.eq(0),
                 f_ack.eq(pk.ackreq), ack_syn.eq(Syn.ACK.value), ack_psn.eq(pk.psn),
                 ack_msn.eq(s.msn + msg_last),
             ]
@@ -343,15 +372,25 @@ class Responder(wiring.Component):
         q_t = Signal(qk + 1)
         q_full = (q_w - q_t)[:qk + 1] == qd
         q_push = Signal()              # the FSM offers q_entry
+        q_over = Signal()              # ... as a replacement of the newest entry (coalesced ACK)
         q_entry = Signal(RESP_ENTRY)
         m.d.comb += [
-            q_wr.addr.eq(q_w[:qk]),
+            q_wr.addr.eq(Mux(q_over, q_w - 1, q_w)[:qk]),
             q_wr.data.eq(q_entry),
-            q_wr.en.eq(q_push & ~q_full),
-            self.stat_resp_full.eq(q_push & q_full),
+            q_wr.en.eq((q_push & ~q_full) | q_over),
+            self.stat_resp_full.eq(q_push & q_full & ~q_over),
+            self.stat_coalesce.eq(q_over),
         ]
-        with m.If(q_push & ~q_full):
+        with m.If(q_push & ~q_full & ~q_over):
             m.d.sync += q_w.eq(q_w + 1)
+        # ACK coalescing: the newest entry is a positive ACK of QP la_qpn, not yet sent
+        la_valid = Signal()
+        la_qpn = Signal(qb)
+        with m.If(q_wr.en):
+            m.d.sync += [la_valid.eq((q_entry.kind == RESP_ACK) & (q_entry.syn == Syn.ACK.value)),
+                         la_qpn.eq(qpn)]
+        # the newest entry is neither sent nor offered on tx: at least two entries queued
+        q_two = (q_w - q_t)[:qk + 1] >= 2
 
         def push(kind, psn, syn, msn, arg=0, length=0):
             """Offer one response descriptor; returns the condition under which it is taken."""
@@ -413,10 +452,18 @@ class Responder(wiring.Component):
                 with m.If(~qpn_ok | ~state_ok):
                     m.d.comb += self.stat_drop.eq(1)
                     m.next = "FIN_DISCARD"
+                with m.Elif(psn_behind):
+                    # duplicate (IBA 9.7.5.1.2, 9.7.5.2.1): the PSN lies in the half of the
+                    # PSN space behind the expected PSN
+                    m.d.comb += self.stat_dup.eq(1)
+                    m.next = "DUP"
                 with m.Elif(pk.psn != s.epsn):
-                    # Duplicate detection (IBA 9.7.5: PSN in the window behind epsn)
-                    # goes here; for now every unexpected PSN is a sequence error.
-                    nak(Syn.NAK_PSN_SEQ_ERR.value, 0, psn=s.epsn)
+                    with m.If(s.nak_sent):
+                        # one NAK per sequence gap (IBA 9.7.5.2.2): drop the rest silently
+                        m.d.comb += self.stat_seq_drop.eq(1)
+                    with m.Else():
+                        nak(Syn.NAK_PSN_SEQ_ERR.value, 0, psn=s.epsn)
+                        m.d.sync += [f_wb.eq(1), s.nak_sent.eq(1)]
                     m.next = "FIN_DISCARD"
                 with m.Elif(~known | ~seq_ok | ~len_ok):
                     nak(Syn.NAK_INV_REQ.value, 1)
@@ -430,7 +477,7 @@ class Responder(wiring.Component):
                         nak(Syn.NAK_INV_REQ.value, 1)
                         m.next = "FIN_DISCARD"
                     with m.Elif(is_wimm & rq_empty):
-                        nak(Syn.RNR_NAK.value | RNR_TIMER, 0)
+                        rnr_nak()
                         m.next = "FIN_DISCARD"
                     with m.Else():
                         commit(is_last)
@@ -455,7 +502,7 @@ class Responder(wiring.Component):
 
                 with m.Elif(is_send_first):
                     with m.If(rq_empty):
-                        nak(Syn.RNR_NAK.value | RNR_TIMER, 0)
+                        rnr_nak()
                         m.next = "FIN_DISCARD"
                     with m.Else():
                         m.d.sync += wqe_addr.eq(wqe_slot_addr)
@@ -491,6 +538,7 @@ class Responder(wiring.Component):
                         # the expected PSN advances by the number of responses
                         m.d.sync += [
                             f_wb.eq(1), s.msn.eq(s.msn + 1), s.epsn.eq(pk.psn + n_resp),
+                            s.nak_sent.eq(0),
                         ]
                         m.next = "RD_PUSH"
 
@@ -587,6 +635,38 @@ class Responder(wiring.Component):
                         m.next = "FIN_DISCARD"
 
             # ---- RDMA READ: queue its descriptor, the engines do the rest -----------
+            # ---- duplicates: no second effect (IBA 9.7.5.1.2, 9.7.5.2.1) --------------
+            with m.State("DUP"):
+                with m.If(is_send_first | is_send_cont | is_write_first | is_write_cont):
+                    with m.If(pk.ackreq):
+                        # acknowledge everything received so far (the duplicate's effect
+                        # has already happened)
+                        m.d.sync += [f_ack.eq(1), ack_syn.eq(Syn.ACK.value),
+                                     ack_psn.eq(s.epsn - 1), ack_msn.eq(s.msn)]
+                    m.next = "FIN_DISCARD"
+                with m.Elif(is_read & ~r_acc_bad & len_ok):
+                    # re-executed from its RETH (the READ changes no state)
+                    m.next = "RD_PUSH"
+                with m.Elif(is_atomic & len_ok):
+                    m.d.sync += rscan.eq(0)
+                    m.next = "REPLAY"
+                with m.Else():
+                    m.next = "FIN_DISCARD"
+
+            with m.State("REPLAY"):
+                # look the PSN up in this QP's ring of recent atomic results (one slot per
+                # cycle); an atomic is never executed twice: not found -> dropped silently
+                hit = ((rc_rd.data.psn == pk.psn)
+                       & (s.rfull | (rscan < s.rp)))
+                with m.If(hit):
+                    m.d.comb += self.stat_replay.eq(1)
+                    m.d.sync += orig.eq(rc_rd.data.orig)
+                    m.next = "AT_ACK"
+                with m.Elif(rscan == REPLAY_SLOTS - 1):
+                    m.next = "FIN_DISCARD"
+                with m.Else():
+                    m.d.sync += rscan.eq(rscan + 1)
+
             with m.State("RD_PUSH"):
                 with m.If(push(RESP_READ, pk.psn, Syn.ACK.value, s.msn, arg=pk.va, length=pk.dma_len)):
                     m.next = "FIN_DISCARD"
@@ -622,6 +702,14 @@ class Responder(wiring.Component):
                 connect_atomic_dma()
                 m.d.comb += atomic.o.ready.eq(1)
                 with m.If(atomic.o.valid):
+                    # remember the result for a duplicate of this request
+                    m.d.comb += [
+                        rc_wr.addr.eq(Cat(s.rp, qpn)),
+                        rc_wr.data.psn.eq(pk.psn),
+                        rc_wr.data.orig.eq(atomic.o.payload.orig),
+                        rc_wr.en.eq(1),
+                    ]
+                    m.d.sync += [s.rp.eq(s.rp + 1), s.rfull.eq(s.rfull | (s.rp == REPLAY_SLOTS - 1))]
                     m.d.sync += orig.eq(atomic.o.payload.orig)
                     m.next = "AT_ACK"
 
@@ -678,7 +766,12 @@ class Responder(wiring.Component):
                     fin_next(2)
 
             with m.State("FIN_ACK"):
-                with m.If(push(RESP_ACK, ack_psn, ack_syn, ack_msn)):
+                taken = push(RESP_ACK, ack_psn, ack_syn, ack_msn)
+                with m.If(la_valid & (la_qpn == qpn) & (ack_syn == Syn.ACK.value) & q_two):
+                    # coalesced ACK: replaces the same QP's queued, not yet sent ACK
+                    m.d.comb += q_over.eq(1)
+                    fin_next(3)
+                with m.Elif(taken):
                     fin_next(3)
 
             with m.State("FIN_WB"):
