@@ -81,7 +81,7 @@ Checks, in order (the first failing one decides):
    message while one is in progress), bad payload length (> MTU; FIRST/MIDDLE != MTU; payload
    on READ/atomic): NAK invalid request (0x61), QP to ERR.
 4. Per operation: RETH/AtomicETH access check (0x62), length (0x61), atomic alignment
-   (0x61), empty receive queue (RNR NAK 0x20 | timer 0x0E, no state change), receive WQE
+   (0x61), empty receive queue (RNR NAK 0x20 | the QP's min_rnr_timer, no state change but ``nak_sent``), receive WQE
    lkey check (0x63 + CQE LOC_PROT_ERR), receive buffer too short (0x61 + CQE LOC_LEN_ERR).
 
 Every NAK except RNR and PSN sequence error also raises ``set_err`` (QP to ERR). A packet
@@ -127,7 +127,8 @@ __all__ = ["Responder", "RSP_STATE", "RESP_ENTRY", "RNR_TIMER", "UDP_SPORT_BASE"
            "MSG_NONE", "MSG_SEND", "MSG_WRITE", "WQE_DMA_TAG", "READ_DMA_TAG",
            "RESP_ACK", "RESP_READ", "RESP_ATOMIC"]
 
-#: RNR NAK timer code sent in the AETH (IBA table 45: 0x0E = 1.92 ms)
+#: Default RNR NAK timer code (IBA table 45: 0x0E = 1.28 ms); the responder sends the
+#: min_rnr_timer of the QP context
 RNR_TIMER = 0x0E
 #: UDP source port of responses: 0xC000 | (local QPN & 0x3FFF)
 UDP_SPORT_BASE = 0xC000
