@@ -109,6 +109,7 @@ from .config import NicConfig
 from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .interfaces import (QP_LOOKUP, CqeRequest, DmaReadClient, DmaWrite, DoorbellEvent,
                          Lookup, PacketOut, QpErrRequest, QpEvent, beat_layout)
+from .retry_timer import RetryTimer, TICK_NS
 from .scheduler import Scheduler
 from .wqe_fetch import WqeFetch
 
@@ -129,10 +130,12 @@ TRACKER_ENTRY = data.StructLayout({
     "opcode": 3,          # WrOpcode, 7 = unknown
     "signaled": 1,
     "status": 5,          # WcStatus
+    "rcv": 16,            # READ: response packets received so far (they must come in order)
 })
 
 STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
-         "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject"]
+         "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject",
+         "stat_timeout", "stat_retransmit", "stat_rnr_rx", "stat_retry_exc", "stat_resp_drop"]
 
 
 def psn_le(a, b):
@@ -225,6 +228,19 @@ class Requester(wiring.Component):
         ev_reset = arr(1, "ev_reset")
         ev_state = arr(3, "ev_state")
         ev_psn = arr(24, "ev_psn")
+        # ---- retransmission (IBA 9.7.6.1, go-back-N from the oldest outstanding message)
+        # rewind requested (by a PSN sequence NAK, an ACK timeout, the end of an RNR wait or
+        # an out-of-order READ response); applied by the send FSM
+        rwd_pend = arr(1, "rwd_pend")
+        rwd_cnt = arr(1, "rwd_cnt")         # the rewind counts against retry_cnt
+        rtx_started = arr(1, "rtx_started") # rewound, no progress since: ignore further NAKs
+        rnr_wait = arr(1, "rnr_wait")       # waiting for the RNR timer
+        retry_used = arr(3, "retry_used")
+        rnr_used = arr(3, "rnr_used")
+        # the QP's timeout / retry_cnt / rnr_retry, captured when a message enters the tracker
+        q_to = arr(5, "q_to")
+        q_retry = arr(3, "q_retry")
+        q_rnr = arr(3, "q_rnr")
 
         def count(q):
             return (tail[q] - head[q])[:mo_bits + 1]
@@ -241,6 +257,7 @@ class Requester(wiring.Component):
             m.d.comb += [
                 rd_ok[i].eq(rd_out[i] < qlim[i]),
                 eligible[i].eq(rts[i] & ~err[i] & ~lerr[i] & ~ev_pend[i] & (fi[i] != pi[i])
+                               & ~rwd_pend[i] & ~rnr_wait[i]
                                & (count(i) != MO) & rd_ok[i] & ~fence_wait[i]),
                 flush_cond[i].eq((err[i] | (lerr[i] & (ci[i] == lerr_idx[i])))
                                  & ~ev_pend[i] & (ci[i] != pi[i])),
@@ -310,12 +327,32 @@ class Requester(wiring.Component):
             """Remove the head message of QP q; it is completed."""
             return [head[q].eq(head[q] + 1), ci[q].eq(ci[q] + 1)]
 
+        # ---------------- transport timers (local ACK timeout, RNR wait)
+        m.submodules.timer = timer = RetryTimer(nq, max(1, cfg.cycles(TICK_NS)))
+        tx_kick = Signal()            # the send FSM restarts the ACK timer of cur
+        rx_kick = Signal()            # the response FSM made progress on rcur
+        armed = Signal(nq)
+        for i in range(nq):
+            m.d.comb += armed[i].eq((count(i) != 0) & rts[i] & ~err[i] & ~ev_pend[i])
+        m.d.comb += [
+            timer.armed.eq(armed),
+            timer.kick.eq(Mux(tx_kick, 1 << cur, 0) | Mux(rx_kick, 1 << rcur, 0)),
+            timer.to_value.eq(q_to[timer.to_index]),
+        ]
+
+        def progress():
+            """The response FSM completed the head message of rcur: forward progress resets
+            the retry counters and restarts the ACK timer (IBA 9.7.6.1.3)."""
+            m.d.comb += rx_kick.eq(1)
+            m.d.sync += [retry_used[rcur].eq(0), rnr_used[rcur].eq(0), rtx_started[rcur].eq(0)]
+
         # READ/atomic count and fence flag: one next-state expression per QP, merging the
         # send FSM's commit (+1, fence set), the response FSM's completion (-1) and a reset
         tx_rd_inc = Signal()
         tx_fence_set = Signal()
         rx_rd_dec = Signal()
         ev_rst_rd = Signal()
+        rw_rst_rd = Signal()          # a rewind of cur: its READ/atomic requests are gone
         ev_sel = Signal(self.qpn_bits)
         for i in range(nq):
             inc = tx_rd_inc & (cur == i)
@@ -323,7 +360,7 @@ class Requester(wiring.Component):
             fset = tx_fence_set & (cur == i)
             nxt = Signal(5, name=f"rd_out_nxt{i}")
             m.d.comb += nxt.eq(rd_out[i] + inc - dec)
-            with m.If(ev_rst_rd & (ev_sel == i)):
+            with m.If((ev_rst_rd & (ev_sel == i)) | (rw_rst_rd & (cur == i))):
                 m.d.sync += [rd_out[i].eq(0), fence_wait[i].eq(0)]
             with m.Elif(inc | dec | fset):
                 m.d.sync += [rd_out[i].eq(nxt), fence_wait[i].eq((fence_wait[i] | fset) & (nxt != 0))]
@@ -363,13 +400,15 @@ class Requester(wiring.Component):
 
         # ---------------- tracker write port: the response FSM (NAK status) has priority
         tx_trk_we = Signal()
+        tx_trk_head = Signal()        # the send FSM writes the head entry (retry exceeded)
         tx_trk_data = Signal(TRACKER_ENTRY)
         rx_trk_we = Signal()
         rx_trk_data = Signal(TRACKER_ENTRY)
         m.d.comb += [
             trk_wr.en.eq(rx_trk_we | tx_trk_we),
             trk_wr.addr.eq(Mux(rx_trk_we, Cat(head[rcur][:mo_bits], rcur),
-                               Cat(tail[cur][:mo_bits], cur))),
+                               Mux(tx_trk_head, Cat(head[cur][:mo_bits], cur),
+                                   Cat(tail[cur][:mo_bits], cur)))),
             trk_wr.data.eq(Mux(rx_trk_we, rx_trk_data, tx_trk_data)),
         ]
 
@@ -491,6 +530,10 @@ class Requester(wiring.Component):
         is_aack = Signal()
         m.d.comb += is_aack.eq(rx_op == BthOpcode.ATOMIC_ACKNOWLEDGE.value)
         nak_status = Signal(5)
+        is_seq_nak = Signal()
+        m.d.comb += is_seq_nak.eq(is_nak & (syn == formats.AethSyndrome.NAK_PSN_SEQ_ERR.value))
+        is_rnr = Signal()
+        m.d.comb += is_rnr.eq(is_ack & (syn[5:7] == 0b01))
         with m.Switch(syn):
             with m.Case(formats.AethSyndrome.NAK_INV_REQ.value):
                 m.d.comb += nak_status.eq(WcStatus.REM_INV_REQ_ERR.value)
@@ -515,12 +558,19 @@ class Requester(wiring.Component):
                                       psn_le(rent.last_psn, rxm.psn) & (rent.last_psn != rxm.psn)))
         rx_off = Signal(64)
         m.d.comb += rx_off.eq(((rxm.psn - rent.first_psn)[:24]) << mtu_bits)
+        rresp_in = Signal()          # a response packet of the head READ
+        m.d.comb += rresp_in.eq(rnonempty & (rent.status == 0)
+                                & (rent.opcode == WrOpcode.RDMA_READ.value)
+                                & psn_le(rent.first_psn, rxm.psn) & psn_le(rxm.psn, rent.last_psn))
+        rresp_next = Signal(24)      # the response packet expected next (they come in order)
+        m.d.comb += rresp_next.eq(rent.first_psn + rent.rcv)
         rresp_match = Signal()
-        m.d.comb += rresp_match.eq(rnonempty & (rent.status == 0)
-                                   & (rent.opcode == WrOpcode.RDMA_READ.value)
-                                   & psn_le(rent.first_psn, rxm.psn) & psn_le(rxm.psn, rent.last_psn)
+        m.d.comb += rresp_match.eq(rresp_in & (rxm.psn == rresp_next)
                                    # the data must stay inside the local buffer
                                    & (rx_off + rxm.paylen <= rent.length))
+        # a later response packet: an earlier one was lost (implied NAK, IBA 9.7.5.1.5)
+        rresp_gap = Signal()
+        m.d.comb += rresp_gap.eq(rresp_in & (rxm.psn != rresp_next) & psn_le(rresp_next, rxm.psn))
         aack_match = Signal()
         m.d.comb += aack_match.eq(rnonempty & (rent.status == 0)
                                   & ((rent.opcode == WrOpcode.ATOMIC_CMP_AND_SWP.value)
@@ -554,6 +604,12 @@ class Requester(wiring.Component):
         for i in reversed(range(nq)):
             with m.If(ev_pend[i]):
                 m.d.comb += [ev_any.eq(1), ev_sel.eq(i)]
+        # rewinds waiting to be applied (not while a batch of the QP is in flight)
+        rw_any = Signal()
+        rw_sel = Signal(self.qpn_bits)
+        for i in reversed(range(nq)):
+            with m.If(rwd_pend[i] & ~err[i] & ~ev_pend[i] & ~inflight[i]):
+                m.d.comb += [rw_any.eq(1), rw_sel.eq(i)]
         fl_any = Signal()
         fl_sel = Signal(self.qpn_bits)
         for i in reversed(range(nq)):
@@ -641,11 +697,17 @@ class Requester(wiring.Component):
                                 pi[ev_sel].eq(0), fi[ev_sel].eq(0), ci[ev_sel].eq(0),
                                 head[ev_sel].eq(0), tail[ev_sel].eq(0),
                                 npsn[ev_sel].eq(ev_psn[ev_sel]), lerr[ev_sel].eq(0),
+                                rwd_pend[ev_sel].eq(0), rtx_started[ev_sel].eq(0),
+                                rnr_wait[ev_sel].eq(0), retry_used[ev_sel].eq(0),
+                                rnr_used[ev_sel].eq(0),
                             ]
                         m.d.sync += [
                             rts[ev_sel].eq(ev_state[ev_sel] == formats.QpState.RTS.value),
                             err[ev_sel].eq(ev_state[ev_sel] == formats.QpState.ERR.value),
                         ]
+                with m.Elif(rw_any & ~(rx_busy & (rcur == rw_sel)) & ~(self.db.valid & db_early)):
+                    m.d.sync += cur.eq(rw_sel)
+                    m.next = "REWIND"
                 with m.Elif(self.db.valid):
                     # doorbell: look the QP up right now (index = db qpn)
                     m.d.comb += [self.qp.index.eq(db_q), self.db.ready.eq(1)]
@@ -665,6 +727,39 @@ class Requester(wiring.Component):
                     # flushes fetch on their own: only when no batch is in flight
                     m.d.sync += [cur.eq(fl_sel), flushing.eq(1)]
                     m.next = "FLUSH"
+
+            with m.State("REWIND"):
+                # go-back-N (IBA 9.7.6.1.4): send again from the oldest outstanding message.
+                # The WQEs are fetched again from the send queue (the host may not reuse a
+                # slot before its completion) and keep their PSNs, so the responder sees the
+                # packets it already executed as duplicates.
+                m.d.comb += lk_free.eq(1)
+                with m.If(rx_busy & (rcur == cur)):
+                    pass        # the response FSM works on this QP (bounded): wait
+                with m.Elif(~nonempty):
+                    # everything was acknowledged meanwhile
+                    m.d.sync += rwd_pend[cur].eq(0)
+                    m.next = "IDLE"
+                with m.Elif(rwd_cnt[cur] & (retry_used[cur] == q_retry[cur])):
+                    # retry_cnt exhausted: the oldest message fails, the QP goes to ERR
+                    # (and is flushed)
+                    with m.If(~rx_trk_we):
+                        m.d.comb += [
+                            tx_trk_we.eq(1), tx_trk_head.eq(1),
+                            tx_trk_data.eq(ent),
+                            tx_trk_data.status.eq(WcStatus.RETRY_EXC_ERR.value),
+                            self.stat_retry_exc.eq(1),
+                        ]
+                        m.d.sync += [err[cur].eq(1), rwd_pend[cur].eq(0)]
+                        m.next = "SET_ERR"
+                with m.Else():
+                    m.d.comb += [tx_kick.eq(1), rw_rst_rd.eq(1), self.stat_retransmit.eq(1)]
+                    m.d.sync += [
+                        fi[cur].eq(ci[cur]), tail[cur].eq(head[cur]), npsn[cur].eq(ent.first_psn),
+                        lerr[cur].eq(0), rtx_started[cur].eq(1), rwd_pend[cur].eq(0),
+                        retry_used[cur].eq(retry_used[cur] + rwd_cnt[cur]),
+                    ]
+                    m.next = "IDLE"
 
             with m.State("FLUSH"):
                 with m.If(~err[cur]):
@@ -755,11 +850,16 @@ class Requester(wiring.Component):
                         self.stat_cas.eq(op == WrOpcode.ATOMIC_CMP_AND_SWP.value),
                         self.stat_faa.eq(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value),
                     ]
+                    # the first message into an idle QP starts its ACK timer
+                    m.d.comb += tx_kick.eq(~nonempty)
                     m.d.sync += [
                         tail[cur].eq(tail[cur] + 1),
                         fi[cur].eq(fi[cur] + 1),
                         npsn[cur].eq(npsn[cur] + npkts),
                         qcq[cur].eq(ctx.send_cq),
+                        q_to[cur].eq(ctx.timeout),
+                        q_retry[cur].eq(ctx.retry_cnt),
+                        q_rnr[cur].eq(ctx.rnr_retry),
                         seg_left.eq(wqe.length),
                         seg_addr.eq(wqe.local_addr),
                         seg_psn.eq(npsn[cur]),
@@ -822,20 +922,45 @@ class Requester(wiring.Component):
                                       & ~flush_cond.bit_select(rqi, 1))
                     with m.If(ok):
                         m.next = "R_ACK"
-                    with m.Elif(self.rx.meta.payload.paylen != 0):
-                        m.next = "R_DROP"
+                    with m.Else():
+                        m.d.comb += self.stat_resp_drop.eq(1)
+                        with m.If(self.rx.meta.payload.paylen != 0):
+                            m.next = "R_DROP"
 
             with m.State("R_ACK"):
                 m.d.comb += rx_busy.eq(1)
                 with m.If(head_ws & ack_covers):
                     # implicit or explicit acknowledgement of a WRITE/SEND
                     m.d.sync += pop_head(rcur)
+                    progress()
                     with m.If(rent.signaled):
                         m.d.sync += set_cqe(rcqe_reg, rcur, rent.wr_id, 0, rent.opcode, rent.length)
                         m.d.sync += rcqe_ret_ack.eq(1)
                         m.next = "R_CQE"
-                with m.Elif(is_nak):
+                with m.Elif(is_seq_nak):
+                    # PSN sequence error: go back to the oldest outstanding message (once
+                    # per retransmission: later NAKs of the same gap are ignored)
                     m.d.comb += self.stat_nak_rx.eq(1)
+                    with m.If(rnonempty & ~rtx_started[rcur] & ~rnr_wait[rcur]):
+                        m.d.sync += [rwd_pend[rcur].eq(1), rwd_cnt[rcur].eq(1)]
+                    m.next = "R_IDLE"
+                with m.Elif(is_rnr & (~rnonempty | rnr_wait[rcur])):
+                    m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1)]
+                    m.next = "R_IDLE"
+                with m.Elif(is_rnr & ((rnr_used[rcur] != q_rnr[rcur]) | (q_rnr[rcur] == 7))):
+                    # RNR NAK (IBA 9.7.5.2.8): wait the coded time, then retransmit
+                    m.d.comb += [
+                        self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1),
+                        timer.rnr.valid.eq(1),
+                        timer.rnr.payload.qpn.eq(rcur),
+                        timer.rnr.payload.code.eq(syn[:5]),
+                    ]
+                    m.d.sync += [rnr_wait[rcur].eq(1), rnr_used[rcur].eq(rnr_used[rcur] + 1)]
+                    m.next = "R_IDLE"
+                with m.Elif(is_nak):
+                    # a fatal NAK, or an RNR NAK with rnr_retry exhausted
+                    m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(is_rnr),
+                                 self.stat_retry_exc.eq(is_rnr & rnonempty)]
                     with m.If(rnonempty):
                         m.d.comb += [
                             rx_trk_we.eq(1),
@@ -849,17 +974,32 @@ class Requester(wiring.Component):
                 with m.Elif(is_ack):
                     m.next = "R_IDLE"
                 with m.Elif(is_rresp & rresp_match):
+                    # count the packet in the head entry (the next one must follow it)
+                    m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
+                                 rx_trk_data.rcv.eq(rent.rcv + 1)]
                     m.d.sync += [rx_addr.eq(rent.local_addr + rx_off), rx_complete.eq(rresp_end)]
                     with m.If(rxm.paylen != 0):
                         m.next = "R_DATA"
                     with m.Else():
                         m.next = "R_DONE"
+                with m.Elif(is_rresp & rresp_gap):
+                    # a READ response packet was lost: retransmit without waiting for the
+                    # timeout
+                    m.d.comb += self.stat_resp_drop.eq(1)
+                    with m.If(~rtx_started[rcur] & ~rnr_wait[rcur]):
+                        m.d.sync += [rwd_pend[rcur].eq(1), rwd_cnt[rcur].eq(1)]
+                    with m.If(rxm.paylen != 0):
+                        m.next = "R_DROP"
+                    with m.Else():
+                        m.next = "R_IDLE"
                 with m.Elif(is_aack & aack_match):
                     m.d.sync += [rx_addr.eq(rent.local_addr), rx_complete.eq(1)]
                     m.next = "R_ATOMIC"
                 with m.Elif(rxm.paylen != 0):
+                    m.d.comb += self.stat_resp_drop.eq(1)
                     m.next = "R_DROP"
                 with m.Else():
+                    m.d.comb += self.stat_resp_drop.eq(~is_ack)
                     m.next = "R_IDLE"
 
             with m.State("R_DATA"):
@@ -895,6 +1035,7 @@ class Requester(wiring.Component):
                 with m.If(rx_complete):
                     # a READ/atomic completed: pop it and give back its credit
                     m.d.sync += pop_head(rcur)
+                    progress()
                     m.d.comb += rx_rd_dec.eq(1)
                     with m.If(rent.signaled):
                         m.d.sync += set_cqe(rcqe_reg, rcur, rent.wr_id, 0, rent.opcode,
@@ -968,6 +1109,17 @@ class Requester(wiring.Component):
                     m.d.comb += pkt_done.eq(1)
                     m.next = "META"
         m.d.sync += pay_res.eq(pay_res + Mux(pay_take, seg_beats, 0) - pay_pop)
+
+        # ---------------- timer expirations (after the FSMs: a request set here wins)
+        with m.If(timer.expire_valid):
+            xq = timer.expire_qpn
+            with m.If(timer.expire_rnr):
+                # the RNR wait is over: send again from the RNR NAKed message
+                m.d.sync += [rnr_wait[xq].eq(0), rwd_pend[xq].eq(1), rwd_cnt[xq].eq(0)]
+            with m.Elif(armed.bit_select(xq, 1)):
+                # local ACK timeout: counts against retry_cnt
+                m.d.comb += self.stat_timeout.eq(1)
+                m.d.sync += [rwd_pend[xq].eq(1), rwd_cnt[xq].eq(1)]
 
         # ---------------- QP events: always accepted, applied from IDLE
         m.d.comb += self.qp_event.ready.eq(1)

@@ -126,6 +126,7 @@ class World:
         self.final_psn = {}               # q -> PSN of the last message (always acknowledged)
         self.tx_block = None              # (packets sent, cycles): then tx.meta.ready held low
         self.tx_block_t = None            # when that block started
+        self.responder = None             # optional responder model (world, q, meta, payload)
 
     # ---- host-side helpers
     def fill(self, mem, addr, data):
@@ -209,8 +210,7 @@ def run(world, script, max_cycles=20000):
     dut = bench.dut
     rng = world.rng
     bp = world.bp
-    stat_names = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
-                  "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject"]
+    from hw.requester import STATS as stat_names
     world.stats = {s: 0 for s in stat_names}
     remote_qpn = {world.qps[q]["dest_qpn"]: q for q in world.qps}
 
@@ -374,7 +374,10 @@ def run(world, script, max_cycles=20000):
             assert paystall == 0, "payload beats must follow the header without waiting on DMA"
             q = remote_qpn[meta["dest_qpn"]]
             world.tx.append((world.t, q, meta, payload))
-            respond(q, meta, payload)
+            if world.responder is not None:
+                world.responder(world, q, meta, payload)
+            else:
+                respond(q, meta, payload)
 
     async def rx(ctx):
         while True:
