@@ -88,7 +88,7 @@ class Counter(enum.IntEnum):
     NAKS_SENT = 13
     NAKS_RECEIVED = 14
     RX_DROP_ICRC = 15      # frames dropped because the ICRC did not match
-    RX_DROP_MALFORMED = 16 # frames dropped as malformed (bad length, unknown opcode, ...)
+    RX_DROP_MALFORMED = 16 # frames the depacketizer dropped as malformed (bad length, ...)
     DOORBELLS = 17
     DOORBELL_REJECTS = 18  # doorbell rings for a QP not bound to that register
     CQES = 19
@@ -103,6 +103,7 @@ class Counter(enum.IntEnum):
     RNR_NAKS_RECEIVED = 28
     RETRY_EXCEEDED = 29    # QPs moved to ERR by retry_cnt / rnr_retry exhaustion
     RESP_DROPS = 30        # responses the requester dropped (no matching outstanding request)
+    RX_DROP_QP = 31        # request packets for an unknown QP or a QP not in RTR/RTS, dropped
 
 
 #: Static part of a queue pair's context, set by SET_QP (ARG0 holds bits 63:0).

@@ -184,12 +184,23 @@ class Rnic(wiring.Component):
             Counter.NAKS_SENT: resp.stat_nak,
             Counter.NAKS_RECEIVED: req.stat_nak_rx,
             Counter.RX_DROP_ICRC: dpkt.stat_icrc,
-            Counter.RX_DROP_MALFORMED: dpkt.stat_malformed + demux.stat_drop + resp.stat_drop,
+            # frames reaching the node = RX_PACKETS + RX_DROP_ICRC + RX_DROP_MALFORMED
+            Counter.RX_DROP_MALFORMED: dpkt.stat_malformed,
+            Counter.RX_DROP_QP: demux.stat_drop + resp.stat_drop,
             Counter.DOORBELLS: doorbells.stat_ring,
             Counter.DOORBELL_REJECTS: doorbells.stat_reject + req.stat_db_reject,
             Counter.CQES: comp.stat_cqe,
             Counter.WQE_FETCHES: req.stat_wqe_fetch,
             Counter.RESP_QUEUE_FULL: resp.stat_resp_full,
+            Counter.DUPLICATES: resp.stat_dup,
+            Counter.SEQ_DROPS: resp.stat_seq_drop,
+            Counter.ATOMIC_REPLAYS: resp.stat_replay,
+            Counter.ACKS_COALESCED: resp.stat_coalesce,
+            Counter.ACK_TIMEOUTS: req.stat_timeout,
+            Counter.RETRANSMITS: req.stat_retransmit,
+            Counter.RNR_NAKS_RECEIVED: req.stat_rnr_rx,
+            Counter.RETRY_EXCEEDED: req.stat_retry_exc,
+            Counter.RESP_DROPS: req.stat_resp_drop,
         }
         for counter, value in inc.items():
             m.d.comb += counters.inc[counter].eq(value)

@@ -130,10 +130,11 @@ class TwoNodes:
         return int(now_ns() * self.cfg.nic.clock_mhz / 1000)
 
     async def pair(self, *, buf_bytes=1 << 16, sq_depth=64, rq_depth=64, cq_depth=256,
-                   access=ALL_ACCESS, same_pd=True):
+                   access=ALL_ACCESS, same_pd=True, **qp_attrs):
         """A connected QP pair with one CQ per side and one registered buffer per side.
 
         Returns ``(ends_a, ends_b)``, each a dict with ``qp``, ``cq``, ``pd``, ``mr``, ``buf``.
+        ``qp_attrs`` (timeout, retry_cnt, rnr_retry, min_rnr_timer) go to both ``create_qp``.
         """
         ends = []
         for h in (self.a, self.b):
@@ -141,7 +142,8 @@ class TwoNodes:
             cq = await h.ctx.create_cq(cq_depth)
             buf = h.ctx.alloc(buf_bytes, 4096)
             mr = await h.ctx.reg_mr(pd, buf, buf_bytes, access)
-            qp = await h.ctx.create_qp(pd, cq, cq, sq_depth=sq_depth, rq_depth=rq_depth, access=access)
+            qp = await h.ctx.create_qp(pd, cq, cq, sq_depth=sq_depth, rq_depth=rq_depth, access=access,
+                                       **qp_attrs)
             ends.append({"host": h, "qp": qp, "cq": cq, "pd": pd, "mr": mr, "buf": buf})
         await verbs.connect(ends[0]["qp"], ends[1]["qp"])
         return ends

@@ -340,8 +340,13 @@ class QueuePair:
     """``ibv_qp`` of type RC: send and receive rings in host memory, bound to a doorbell."""
 
     def __init__(self, ctx, qpn, pd, send_cq, recv_cq, sq_depth, rq_depth, sq_base, rq_base,
-                 access, max_rd_atomic, db_reg):
+                 access, max_rd_atomic, db_reg, timeout=14, retry_cnt=7, rnr_retry=0,
+                 min_rnr_timer=1):
         self.ctx = ctx
+        self.timeout = timeout
+        self.retry_cnt = retry_cnt
+        self.rnr_retry = rnr_retry
+        self.min_rnr_timer = min_rnr_timer
         self.qpn = qpn
         self.pd = pd
         self.send_cq = send_cq
@@ -381,7 +386,8 @@ class QueuePair:
             rq_log_size=self.rq_depth.bit_length() - 1,
             send_cq=self.send_cq.cqn, recv_cq=self.recv_cq.cqn, pd=self.pd.pdn,
             dest_qpn=self.dest_qpn, dest_node=self.dest_node, access=int(self.access.value),
-            max_rd_atomic=self.max_rd_atomic)
+            max_rd_atomic=self.max_rd_atomic, timeout=self.timeout, retry_cnt=self.retry_cnt,
+            rnr_retry=self.rnr_retry, min_rnr_timer=self.min_rnr_timer)
 
     async def _program(self):
         await self.ctx.command(Cmd.SET_QP, self.qpn, self.qp_ctx_bytes())
@@ -654,12 +660,23 @@ class Context:
         return cq
 
     async def create_qp(self, pd, send_cq, recv_cq=None, sq_depth=64, rq_depth=64,
-                        access=ALL_REMOTE, max_rd_atomic=None, doorbell=None):
+                        access=ALL_REMOTE, max_rd_atomic=None, doorbell=None, timeout=14,
+                        retry_cnt=7, rnr_retry=0, min_rnr_timer=1):
         """An RC QP in RESET with its rings and doorbell register; programs SET_QP, BIND_DB.
 
         ``access`` is the remote access the QP grants (``qp_access_flags``). ``doorbell``
-        overrides the policy with an explicit register number.
+        overrides the policy with an explicit register number. The transport attributes
+        are those of ``ibv_modify_qp`` (IBA 9.7.6): ``timeout`` (local ACK timeout
+        4.096 us * 2**timeout, 0 = infinite; 14 = 67 ms as in perftest), ``retry_cnt``
+        (retransmissions after a timeout or PSN sequence NAK, 0..7), ``rnr_retry``
+        (retransmissions after an RNR NAK, 0..6, 7 = infinite; 0 by default, as the
+        reference model assumes) and ``min_rnr_timer`` (the RNR NAK timer code this QP's
+        responder sends, IBA table 45; 1 = 10 us).
         """
+        _check_int("timeout", timeout, 0, 31)
+        _check_int("retry_cnt", retry_cnt, 0, 7)
+        _check_int("rnr_retry", rnr_retry, 0, 7)
+        _check_int("min_rnr_timer", min_rnr_timer, 0, 31)
         self._check_pd(pd)
         recv_cq = send_cq if recv_cq is None else recv_cq
         for name, cq in (("send_cq", send_cq), ("recv_cq", recv_cq)):
@@ -683,7 +700,8 @@ class Context:
         sq_base = self.alloc(sq_depth * WQE_BYTES, align=4096)
         rq_base = self.alloc(rq_depth * RECV_WQE_BYTES, align=4096)
         qp = QueuePair(self, qpn, pd, send_cq, recv_cq, sq_depth, rq_depth, sq_base, rq_base,
-                       access_v, max_rd_atomic, db_reg)
+                       access_v, max_rd_atomic, db_reg, timeout=timeout, retry_cnt=retry_cnt,
+                       rnr_retry=rnr_retry, min_rnr_timer=min_rnr_timer)
         await qp._program()
         self.doorbell_users[db_reg] += 1
         self.qps[qpn] = qp

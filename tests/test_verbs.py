@@ -173,11 +173,14 @@ def test_too_many_cqs():
         run(go())
 
 
-def qp_ctx_words(sq_base, rq_base, sq_log, rq_log, scq, rcq, pd, dqpn, dnode, access, mra):
+def qp_ctx_words(sq_base, rq_base, sq_log, rq_log, scq, rcq, pd, dqpn, dnode, access, mra,
+                 timeout=14, retry_cnt=7, rnr_retry=0, min_rnr_timer=1):
     # QP_CTX bit offsets: sq_base 0, rq_base 64, sq_log_size 128, rq_log_size 133, send_cq 138,
-    # recv_cq 148, pd 158, dest_qpn 174, dest_node 198, access 206, max_rd_atomic 214 (219 bits)
+    # recv_cq 148, pd 158, dest_qpn 174, dest_node 198, access 206, max_rd_atomic 214,
+    # timeout 219, retry_cnt 224, rnr_retry 227, min_rnr_timer 230 (235 bits)
     v = (sq_base | rq_base << 64 | sq_log << 128 | rq_log << 133 | scq << 138 | rcq << 148
-         | pd << 158 | dqpn << 174 | dnode << 198 | access << 206 | mra << 214)
+         | pd << 158 | dqpn << 174 | dnode << 198 | access << 206 | mra << 214
+         | timeout << 219 | retry_cnt << 224 | rnr_retry << 227 | min_rnr_timer << 230)
     return words_of(v, 4)
 
 
@@ -720,3 +723,20 @@ def test_default_qpns_skip_the_special_qps():
     assert qps[0].db_reg == 0                     # doorbells still go by creation order
     with pytest.raises(ValueError, match="at most n_qps=8 per context, QPNs from first_qpn=2"):
         run(ctx.create_qp(pd, cq))
+
+
+def test_create_qp_transport_attributes():
+    ctx, mmio, _ = make()
+    pd = ctx.alloc_pd()
+    cq = run(ctx.create_cq(4))
+    for name, bad, rng in (("timeout", 32, r"\[0, 31\]"), ("retry_cnt", 8, r"\[0, 7\]"),
+                           ("rnr_retry", -1, r"\[0, 7\]"), ("min_rnr_timer", 40, r"\[0, 31\]")):
+        with pytest.raises(ValueError, match=rf"{name} must be an integer in {rng}, not {bad}"):
+            run(ctx.create_qp(pd, cq, **{name: bad}))
+    mmio.clear()
+    qp = run(ctx.create_qp(pd, cq, sq_depth=16, rq_depth=8, timeout=3, retry_cnt=5, rnr_retry=7,
+                           min_rnr_timer=2))
+    assert mmio.log == (cmd_seq(Cmd.SET_QP, qp.qpn,
+                                qp_ctx_words(qp.sq_base, qp.rq_base, 4, 3, 0, 0, pd.pdn, 0, 0,
+                                             int(qp.access.value), qp.max_rd_atomic, 3, 5, 7, 2))
+                        + cmd_seq(Cmd.BIND_DB, qp.qpn, [qp.db_reg]))
