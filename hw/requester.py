@@ -241,6 +241,8 @@ class Requester(wiring.Component):
         q_to = arr(5, "q_to")
         q_retry = arr(3, "q_retry")
         q_rnr = arr(3, "q_rnr")
+        # a rewound READ resumes after the response packets it already has (IBA 9.7.5.1.5)
+        rs_skip = arr(16, "rs_skip")
 
         def count(q):
             return (tail[q] - head[q])[:mo_bits + 1]
@@ -440,6 +442,9 @@ class Requester(wiring.Component):
         with m.Elif((wqe.length != 0) & ~mr_ok):
             m.d.comb += loc_status.eq(WcStatus.LOC_PROT_ERR.value)
 
+        # the head READ of a rewound QP: request only the responses still missing
+        resume = Signal()
+        m.d.comb += resume.eq(is_read & (fi[cur] == ci[cur]) & (rs_skip[cur] != 0))
         # number of PSNs the message uses
         npkts = Signal(24)
         m.d.comb += npkts.eq(Mux(is_atomic | (wqe.length == 0), 1,
@@ -489,6 +494,7 @@ class Requester(wiring.Component):
         paylen = Signal(16)
         m.d.comb += paylen.eq(Mux(single, 0, seg_len))
 
+        skip_bytes = Signal(32)      # READ resumed after skip_bytes of response data
         meta = Signal(formats.PKT_META)
         m.d.comb += desc.w_data.eq(meta)
         m.d.comb += [
@@ -501,9 +507,9 @@ class Requester(wiring.Component):
             meta.dest_qpn.eq(ctx.dest_qpn),
             meta.psn.eq(seg_psn),
             meta.udp_sport.eq(0xC000 | cur),
-            meta.va.eq(wqe.remote_addr),
+            meta.va.eq(wqe.remote_addr + skip_bytes),
             meta.rkey.eq(wqe.rkey),
-            meta.dma_len.eq(wqe.length),
+            meta.dma_len.eq(wqe.length - skip_bytes),
             meta.swap_add.eq(Mux(op == WrOpcode.ATOMIC_CMP_AND_SWP.value, wqe.swap,
                                  wqe.compare_add)),
             meta.compare.eq(Mux(op == WrOpcode.ATOMIC_CMP_AND_SWP.value, wqe.compare_add, 0)),
@@ -699,7 +705,7 @@ class Requester(wiring.Component):
                                 npsn[ev_sel].eq(ev_psn[ev_sel]), lerr[ev_sel].eq(0),
                                 rwd_pend[ev_sel].eq(0), rtx_started[ev_sel].eq(0),
                                 rnr_wait[ev_sel].eq(0), retry_used[ev_sel].eq(0),
-                                rnr_used[ev_sel].eq(0),
+                                rnr_used[ev_sel].eq(0), rs_skip[ev_sel].eq(0),
                             ]
                         m.d.sync += [
                             rts[ev_sel].eq(ev_state[ev_sel] == formats.QpState.RTS.value),
@@ -754,6 +760,8 @@ class Requester(wiring.Component):
                         m.next = "SET_ERR"
                 with m.Else():
                     m.d.comb += [tx_kick.eq(1), rw_rst_rd.eq(1), self.stat_retransmit.eq(1)]
+                    m.d.sync += rs_skip[cur].eq(Mux((ent.opcode == WrOpcode.RDMA_READ.value)
+                                                    & (ent.status == 0), ent.rcv, 0))
                     m.d.sync += [
                         fi[cur].eq(ci[cur]), tail[cur].eq(head[cur]), npsn[cur].eq(ent.first_psn),
                         lerr[cur].eq(0), rtx_started[cur].eq(1), rwd_pend[cur].eq(0),
@@ -843,6 +851,7 @@ class Requester(wiring.Component):
                         tx_trk_data.opcode.eq(op[:3]),
                         tx_trk_data.signaled.eq(wqe.flags[0]),
                         tx_trk_data.status.eq(0),
+                        tx_trk_data.rcv.eq(Mux(resume, rs_skip[cur], 0)),
                         tx_rd_inc.eq(single),
                         self.stat_write.eq(is_write),
                         self.stat_send.eq(known & ~is_write & ~single),
@@ -862,7 +871,9 @@ class Requester(wiring.Component):
                         q_rnr[cur].eq(ctx.rnr_retry),
                         seg_left.eq(wqe.length),
                         seg_addr.eq(wqe.local_addr),
-                        seg_psn.eq(npsn[cur]),
+                        seg_psn.eq(npsn[cur] + Mux(resume, rs_skip[cur], 0)),
+                        skip_bytes.eq(Mux(resume, rs_skip[cur] << mtu_bits, 0)),
+                        rs_skip[cur].eq(0),
                         seg_first.eq(1),
                         meta_done.eq(0),
                         req_done.eq(0),
@@ -942,7 +953,12 @@ class Requester(wiring.Component):
                     # per retransmission: later NAKs of the same gap are ignored)
                     m.d.comb += self.stat_nak_rx.eq(1)
                     with m.If(rnonempty & ~rtx_started[rcur] & ~rnr_wait[rcur]):
-                        m.d.sync += [rwd_pend[rcur].eq(1), rwd_cnt[rcur].eq(1)]
+                        # the responder got part of a WRITE/SEND (it expects a PSN inside
+                        # the message): progress, not counted against retry_cnt
+                        inside = head_ws & (rxm.psn != rent.first_psn)
+                        m.d.sync += [rwd_pend[rcur].eq(1), rwd_cnt[rcur].eq(~inside)]
+                        with m.If(inside):
+                            m.d.sync += retry_used[rcur].eq(0)
                     m.next = "R_IDLE"
                 with m.Elif(is_rnr & (~rnonempty | rnr_wait[rcur])):
                     m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1)]
@@ -977,6 +993,7 @@ class Requester(wiring.Component):
                     # count the packet in the head entry (the next one must follow it)
                     m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
                                  rx_trk_data.rcv.eq(rent.rcv + 1)]
+                    progress()
                     m.d.sync += [rx_addr.eq(rent.local_addr + rx_off), rx_complete.eq(rresp_end)]
                     with m.If(rxm.paylen != 0):
                         m.next = "R_DATA"

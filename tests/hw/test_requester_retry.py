@@ -264,3 +264,15 @@ def test_random_losses():
     world, ws, remote0 = go(r, qctx=dict(retry_cnt=7), wqes=ws, max_cycles=200000)
     check_all_succeeded(world, ws, remote0, r)
     assert world.stats["stat_retransmit"] >= 3 and world.stats["stat_timeout"] >= 1
+
+
+def test_read_resumes_after_received_responses():
+    """The READ of 600 bytes (PSNs 2..4) loses its second response packet (PSN 3): the READ
+    is requested again from PSN 3 for the remaining 344 bytes (IBA 9.7.5.1.5), not from the
+    start."""
+    r = StrictResponder(lose_resp={(0, 3): 1})
+    world, ws, remote0 = go(r, wqes=mixed_wqes()[:2])
+    check_all_succeeded(world, ws, remote0, r)
+    reads = [(m["psn"], m["va"], m["dma_len"]) for _, q, m, _ in world.tx
+             if m["opcode"] == B.READ_REQUEST.value]
+    assert reads == [(2, 0x801000, 600), (3, 0x801000 + 256, 600 - 256)]
