@@ -19,12 +19,21 @@ from one node's ``tx`` to the other node's ``rx``. Two effects are modelled:
   signed) comparison; since the pending entry it looks at is never more than
   ``latency_cycles`` in the future, a stalled output cannot make a stamp wrap.
 
-The link never drops or reorders beats; when the FIFO is full it back-pressures ``i``.
-Between the shaper and the delay line the beats pass through :meth:`Link.fault_stage`, a
-pass-through hook where a later version can insert loss or corruption.
+When the FIFO is full the link back-pressures ``i``. Between the shaper and the delay line
+the frames pass through :meth:`Link.fault_stage`: with ``faults=True`` a seeded
+:class:`~hw.fault.FaultInjector` (loss, link down, duplication, reordering within a window,
+single-bit corruption caught by the receiver's ICRC check), otherwise nothing. With its
+controls at 0 the injector is a combinational pass-through and the link never drops or
+reorders beats.
+A dropped frame has still used the line (it is lost after serialisation); a duplicate is
+not charged serialisation time.
 
 Ports: ``i: In(BeatStream(W))``, ``o: Out(BeatStream(W))``, ``frames: Out(32)`` (frames
-delivered on ``o``, counting beats with ``last``).
+delivered on ``o``, counting beats with ``last``); with ``faults=True``, the injector's
+controls ``fault_seed: In(32)``, ``fault_seed_load: In(1)``, ``fault_loss``, ``fault_dup``,
+``fault_reorder``, ``fault_corrupt: In(16)``, ``fault_down: In(1)`` and counters
+``fault_n_frames``, ``fault_n_lost``, ``fault_n_down``, ``fault_n_dup``,
+``fault_n_reordered``, ``fault_n_corrupted: Out(32)`` (see :mod:`hw.fault`).
 """
 
 import math
@@ -35,6 +44,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
+from .fault import CONTROL_WIDTHS, CONTROLS, COUNTERS, FaultInjector, check_params
 from .interfaces import BeatStream, beat_layout
 
 __all__ = ["Link", "link_params", "FRAC_BITS"]
@@ -69,12 +79,17 @@ class Link(wiring.Component):
     latency_cycles : integer in [0, 2**24].
     bytes_per_cycle : number in [1/1024, 4096]; rounded to a multiple of 2**-16.
     fifo_beats : power of two in [4, 65536]; default holds one bandwidth-delay product.
+    faults : bool, include the fault injector and its ``fault_*`` ports (default False: a
+        plain delay line, as the NIC's internal pipeline delays use it; the links of
+        :class:`hw.system.TwoNodeSystem` have it).
+    max_frame_bytes, reorder_window, hold_cycles : of the :class:`~hw.fault.FaultInjector`.
     """
 
     #: Smallest delay from input transfer to output valid (the pipeline of the delay line).
     MIN_LATENCY = 3
 
-    def __init__(self, data_bytes, latency_cycles, bytes_per_cycle, fifo_beats=None):
+    def __init__(self, data_bytes, latency_cycles, bytes_per_cycle, fifo_beats=None, *,
+                 faults=False, max_frame_bytes=4096 + 128, reorder_window=4, hold_cycles=4096):
         if (not isinstance(data_bytes, int) or isinstance(data_bytes, bool)
                 or not 8 <= data_bytes <= 64 or data_bytes & (data_bytes - 1)):
             raise ValueError(f"data_bytes must be a power of two in [8, 64], not {data_bytes!r}")
@@ -91,6 +106,13 @@ class Link(wiring.Component):
                 or not 4 <= fifo_beats <= 1 << 16 or fifo_beats & (fifo_beats - 1)):
             raise ValueError(f"fifo_beats must be a power of two in [4, 65536], not {fifo_beats!r}")
 
+        if not isinstance(faults, bool):
+            raise ValueError(f"faults must be True or False, not {faults!r}")
+        self.faults = faults
+        self.fault_params = dict(max_frame_bytes=max_frame_bytes, reorder_window=reorder_window,
+                                 hold_cycles=hold_cycles)
+        check_params(data_bytes, **self.fault_params)     # ValueError names the parameter
+
         self.data_bytes = data_bytes
         self.latency_cycles = latency_cycles
         self.effective_latency = max(latency_cycles, self.MIN_LATENCY)
@@ -99,19 +121,34 @@ class Link(wiring.Component):
         self.bytes_per_cycle = self.rate_fixed / (1 << FRAC_BITS)
         self.fifo_beats = fifo_beats
 
-        super().__init__({
+        ports = {
             "i": In(BeatStream(data_bytes)),
             "o": Out(BeatStream(data_bytes)),
             "frames": Out(32),
-        })
+        }
+        if faults:
+            for name, width in CONTROL_WIDTHS.items():
+                ports[f"fault_{name}"] = In(width)
+            for name in COUNTERS:
+                ports[f"fault_{name}"] = Out(32)
+        super().__init__(ports)
 
     def fault_stage(self, m, beats):
-        """Hook between the shaper and the delay line: returns the stream to delay.
+        """Between the shaper and the delay line: returns the stream to delay.
 
-        This version passes ``beats`` through unchanged. A subclass may build a block in
-        ``m`` (dropping or corrupting frames) and return its output stream instead.
+        Builds a :class:`~hw.fault.FaultInjector` (submodule ``fault``) on ``beats`` and wires
+        its controls and counters to the ``fault_*`` ports; with ``faults=False`` returns
+        ``beats`` unchanged.
         """
-        return beats
+        if not self.faults:
+            return beats
+        m.submodules.fault = fi = FaultInjector(self.data_bytes, **self.fault_params)
+        wiring.connect(m, beats, fi.i)
+        for name in CONTROLS:
+            m.d.comb += getattr(fi, name).eq(getattr(self, f"fault_{name}"))
+        for name in COUNTERS:
+            m.d.comb += getattr(self, f"fault_{name}").eq(getattr(fi, name))
+        return fi.o
 
     def elaborate(self, platform):
         m = Module()

@@ -4,7 +4,19 @@ Each node keeps its host-facing ports (MMIO and DMA) at the top level, prefixed 
 ``b_``, so that a host model (``sim/host.py``) or an on-chip memory can serve them. The
 links model serialisation and latency (``hw/link.py``) from the :class:`~hw.config.LinkConfig`
 converted to NIC cycles. ``tap_ab`` / ``tap_ba`` mirror every beat accepted by a link so
-that a testbench can write a pcap of everything the network carried.
+that a testbench can write a pcap of everything the network carried (before faults).
+
+Faults (``hw/fault.py``, InfiniBand Architecture Specification vol. 1 rel. 1.4, Annex A17:
+RoCEv2 over a lossy Ethernet fabric): each link direction ``d`` in ``ab``/``ba`` exposes
+its injector's controls ``fault_{d}_seed`` (32), ``fault_{d}_seed_load``, ``fault_{d}_loss``,
+``fault_{d}_dup``, ``fault_{d}_reorder``, ``fault_{d}_corrupt`` (16), ``fault_{d}_down`` as
+inputs and its counters ``fault_{d}_n_frames``, ``fault_{d}_n_lost``, ``fault_{d}_n_down``,
+``fault_{d}_n_dup``, ``fault_{d}_n_reordered``, ``fault_{d}_n_corrupted`` (32) as outputs
+(``sim/faults.py`` drives them). ``inj_a`` / ``inj_b`` (``In(BeatStream(W))``) let a
+testbench inject frames into node a's / b's receive path: a :class:`~hw.fault.FrameMerger`
+merges them with the frames arriving from the link, whole frames at a time.
+``rxtap_a`` / ``rxtap_b`` (with ``rxtap_{n}_valid``) mirror every beat each node's ``rx``
+actually takes (after faults and injection).
 """
 
 from amaranth import *
@@ -12,7 +24,9 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .config import SystemConfig
-from .interfaces import MmioSignature, DmaReadReq, DmaReadData, DmaWrite, beat_layout
+from .fault import CONTROL_WIDTHS, COUNTERS, FrameMerger
+from .interfaces import (BeatStream, MmioSignature, DmaReadReq, DmaReadData, DmaWrite,
+                         beat_layout)
 from .link import Link
 from .rnic import Rnic
 
@@ -43,6 +57,15 @@ class TwoNodeSystem(wiring.Component):
         for d in ("ab", "ba"):
             ports[f"tap_{d}_valid"] = Out(1)
             ports[f"tap_{d}"] = Out(beat_layout(W))
+        for d in ("ab", "ba"):
+            for name, width in CONTROL_WIDTHS.items():
+                ports[f"fault_{d}_{name}"] = In(width)
+            for name in COUNTERS:
+                ports[f"fault_{d}_{name}"] = Out(32)
+        for n in NODES:
+            ports[f"inj_{n}"] = In(BeatStream(W))
+            ports[f"rxtap_{n}_valid"] = Out(1)
+            ports[f"rxtap_{n}"] = Out(beat_layout(W))
         super().__init__(ports)
 
     def elaborate(self, platform):
@@ -58,9 +81,21 @@ class TwoNodeSystem(wiring.Component):
             wiring.connect(m, wiring.flipped(getattr(self, f"{n}_dma_rd_resp")), nodes[n].dma_rd_resp)
             wiring.connect(m, nodes[n].dma_wr, wiring.flipped(getattr(self, f"{n}_dma_wr")))
         for src, dst in (("a", "b"), ("b", "a")):
-            link = m.submodules[f"link_{src}{dst}"] = Link(W, latency_cycles=latency, bytes_per_cycle=rate)
+            link = m.submodules[f"link_{src}{dst}"] = Link(W, latency_cycles=latency, bytes_per_cycle=rate,
+                                                        faults=True)
+            d = src + dst
             wiring.connect(m, nodes[src].tx, link.i)
-            wiring.connect(m, link.o, nodes[dst].rx)
-            m.d.comb += [getattr(self, f"tap_{src}{dst}_valid").eq(link.i.valid & link.i.ready),
-                         getattr(self, f"tap_{src}{dst}").eq(link.i.payload)]
+            for name in CONTROL_WIDTHS:
+                m.d.comb += getattr(link, f"fault_{name}").eq(getattr(self, f"fault_{d}_{name}"))
+            for name in COUNTERS:
+                m.d.comb += getattr(self, f"fault_{d}_{name}").eq(getattr(link, f"fault_{name}"))
+            # frames from the link (input 0) and injected frames (input 1) into dst's rx
+            merge = m.submodules[f"rx_merge_{dst}"] = FrameMerger(W, 2)
+            wiring.connect(m, link.o, merge.i[0])
+            wiring.connect(m, wiring.flipped(getattr(self, f"inj_{dst}")), merge.i[1])
+            wiring.connect(m, merge.o, nodes[dst].rx)
+            m.d.comb += [getattr(self, f"tap_{d}_valid").eq(link.i.valid & link.i.ready),
+                         getattr(self, f"tap_{d}").eq(link.i.payload),
+                         getattr(self, f"rxtap_{dst}_valid").eq(merge.o.valid & merge.o.ready),
+                         getattr(self, f"rxtap_{dst}").eq(merge.o.payload)]
         return m
