@@ -87,10 +87,27 @@ writes its status into the message it names and the QP goes to ERR at once. In E
 tracker entries, then the posted WQEs (fetched to learn their wr_id), complete one by one:
 an entry that failed with its own status, every other with WR_FLUSH_ERR.
 
-Simplifications: no retransmission and no timeout (a PSN sequence error NAK completes with
-RETRY_EXC_ERR, an RNR NAK with RNR_RETRY_EXC_ERR, and the QP goes to ERR); responses that do
-not match the oldest outstanding message (wrong PSN or kind, READ data outside the local
-buffer) are dropped, and so are responses for a QP with a QP event waiting to be applied (the
+Retransmission (IBA 9.7.6, go-back-N)
+-------------------------------------
+A :class:`~hw.retry_timer.RetryTimer` keeps each QP's local ACK timer (4.096 us *
+2**timeout since the last forward progress while requests are outstanding) and RNR timer.
+A rewind of a QP is requested by a PSN sequence NAK (once per retransmission: further NAKs
+are ignored until progress is made), by an ACK timeout, by the end of an RNR wait, or by a
+READ response packet that skips one (implied NAK, 9.7.5.1.5). The send FSM applies it like a
+QP event, when no batch of the QP is in flight and the response FSM is not working on it:
+``fi = ci``, ``tail = head``, ``npsn`` = the oldest message's first PSN, the READ/atomic
+count and fence are cleared, and the WQEs are fetched again from the send queue (the host may
+not reuse a slot before its completion), so every message keeps its PSNs and the responder
+sees what it already executed as duplicates. A rewound READ asks only for the response
+packets it does not have yet (PSN, VA and length advanced). ``retry_cnt`` counts timeouts and
+sequence NAKs without progress, ``rnr_retry`` RNR NAKs (7 = infinite); both are reset by
+progress (a completed message, an accepted READ response packet, a NAK that shows the
+responder inside a WRITE/SEND). When one is exhausted the oldest message completes with
+RETRY_EXC_ERR / RNR_RETRY_EXC_ERR and the QP goes to ERR (and is flushed).
+
+Simplifications: responses that do not match the oldest outstanding message (wrong PSN or
+kind, READ data outside the local buffer) are dropped (``stat_resp_drop``), and so are
+responses for a QP with a QP event waiting to be applied (the
 event resets or flushes the QP anyway); QP events are applied when the send engine is idle
 (packets already queued still leave); an ERR event keeps the queues so that they can be flushed, every other
 event resets them; the ``state`` field of the QP lookup is not used (the state comes from

@@ -75,14 +75,26 @@ Checks, in order (the first failing one decides):
 
 1. QPN not local (``dest_qpn >= n_qps``) or QP not in RTR/RTS: silent drop (``stat_drop``).
 2. PSN != expected PSN: NAK PSN sequence error (0x60, AETH psn = expected PSN), no state
-   change. Duplicate requests (PSN behind the expected PSN, IBA 9.7.5) are not yet told
-   apart: that is the place where duplicate detection plugs in (see ``CHECK`` below).
+   change, and ``nak_sent`` is set: until the expected PSN arrives, further out-of-sequence
+   packets are dropped silently (``stat_seq_drop``), one NAK per gap (9.7.5.2.2).
+   A PSN in the half of the PSN space behind the expected PSN is a **duplicate**
+   (9.7.5.1.2, ``stat_dup``): a duplicate WRITE/SEND has no effect and, if it asks for an
+   ACK, is answered with an ACK of ``epsn - 1``; a duplicate READ is executed again from its
+   RETH (its rkey checked again); a duplicate atomic is answered from the QP's **replay
+   cache** (the last 16 atomic results, PSN and original value, in a ``lib.memory`` ring
+   per QP: a retransmitted atomic is always among them because a requester has at most 16
+   READ/atomic requests outstanding) and never executed twice (``stat_replay``); one not
+   in the cache is dropped.
 3. Unknown / response opcode, opcode out of sequence (MIDDLE/LAST without FIRST, a new
    message while one is in progress), bad payload length (> MTU; FIRST/MIDDLE != MTU; payload
    on READ/atomic): NAK invalid request (0x61), QP to ERR.
 4. Per operation: RETH/AtomicETH access check (0x62), length (0x61), atomic alignment
    (0x61), empty receive queue (RNR NAK 0x20 | the QP's min_rnr_timer, no state change but ``nak_sent``), receive WQE
    lkey check (0x63 + CQE LOC_PROT_ERR), receive buffer too short (0x61 + CQE LOC_LEN_ERR).
+
+**ACK coalescing**: a positive ACK whose QP's previous positive ACK is still queued
+and not yet offered on ``tx`` replaces it in the queue (``stat_coalesce``); the newer ACK
+acknowledges everything the older one did.
 
 Every NAK except RNR and PSN sequence error also raises ``set_err`` (QP to ERR). A packet
 that is NAKed or dropped has its payload discarded and changes no memory. For WRITE with
