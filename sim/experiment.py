@@ -32,8 +32,9 @@ class Target:
 
     @property
     def met(self):
+        """True / False; ``None`` when there is no published figure (reported only)."""
         if self.paper is None:          # no published figure for this setting
-            return False
+            return None
         if isinstance(self.paper, bool):
             return bool(self.model)
         if self.model is None:
@@ -91,7 +92,7 @@ def format_table(summary):
     for t in summary["targets"]:
         rows.append((t["name"], _fmt(t["paper"]), _fmt(t["model"]), t["unit"],
                      f"{t['tolerance']:.0%}" if not isinstance(t["paper"], bool) else "-",
-                     "yes" if t["met"] else "NO"))
+                     "n/a" if t["met"] is None else "yes" if t["met"] else "NO"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
