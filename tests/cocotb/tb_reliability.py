@@ -25,7 +25,7 @@ from sim.harness import TwoNodes, ALL_ACCESS
 from sim.scoreboard import Scoreboard
 from sim import verbs
 from sim.verbs import SendWR, RecvWR, SendFlags, FIRST_QPN
-from tests.cocotb.tb_system import CFG, fill
+from tests.cocotb.tb_system import CFG, fill, random_wr
 
 SEED = int(os.environ.get("TB_SEED", "1"))
 OPS = int(os.environ.get("TB_OPS", "2000"))
@@ -62,7 +62,6 @@ async def run_lossy(dut, ops, loss, seed=SEED):
     links = await faults_on(dut, loss, seed)
     npairs = CFG.nic.n_qps - FIRST_QPN
     buf = 1 << 16
-    dst_area, src_area, read_area, write_area = 0, 1 << 14, 1 << 15, 3 << 14
     # one PD per node, so that the shared counters and the add results need one region each
     # (the small preset has 8 MR slots: 6 pair buffers + 2)
     pds = {h: h.ctx.alloc_pd() for h in (sysm.a, sysm.b)}
@@ -110,29 +109,10 @@ async def run_lossy(dut, ops, loss, seed=SEED):
                     adds[dst["host"]].append((c, src["host"], slot))
                     wr = SendWR(wr_id, FAA, (slot, 8, results_mr[src["host"]].lkey),
                                 shared[dst["host"]] + 8 * c, shared_mr[dst["host"]].rkey,
-                                compare_add=1)
+                                compare_add=1, send_flags=rng.choice([0, SendFlags.SIGNALED]))
                 else:
-                    if op in (CAS, FAA):
-                        size = 8
-                        loff = dst_area + (rng.randrange(0, (1 << 14) - 8) & ~7)
-                        roff = write_area + rng.randrange(0, 16) * 8
-                    else:
-                        size = rng.choice([0, 1, 8, 64, rng.randrange(1, 1024), rng.randrange(1024, 6000)])
-                        base = dst_area if op == R else src_area
-                        loff = base + rng.randrange(0, (1 << 14) - size + 1)
-                        area = read_area if op == R else write_area
-                        roff = area + rng.randrange(0, (1 << 14) - size + 1)
-                    if op in (S, SI, WI):
-                        await sb.post_recv(dst["qp"], RecvWR(wr_id, dst["buf"] + write_area, 1 << 14,
-                                                             dst["mr"].lkey))
-                    wr = SendWR(wr_id, op, (src["buf"] + loff, size, src["mr"].lkey),
-                                dst["buf"] + roff, dst["mr"].rkey,
-                                compare_add=rng.getrandbits(64) if op == FAA else rng.choice([0, rng.getrandbits(64)]),
-                                swap=rng.getrandbits(64), imm=rng.getrandbits(32))
-                flags = SendFlags.SIGNALED if rng.random() < 0.8 else 0
-                if rng.random() < 0.1:
-                    flags |= SendFlags.FENCE
-                batch.append((src, dataclasses.replace(wr, send_flags=flags)))
+                    wr = await random_wr(rng, sb, wr_id, src, dst, op, 1 << 14, (1024, 6000))
+                batch.append((src, wr))
                 wr_id += 1
         last = {id(src["qp"]): i for i, (src, _) in enumerate(batch)}
         for i, (src, wr) in enumerate(batch):

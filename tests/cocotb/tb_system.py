@@ -202,6 +202,34 @@ async def test_error_illegal_transition(dut):
         raise AssertionError("RTS -> RTR was accepted")
 
 
+async def random_wr(rng, sb, wr_id, src, dst, op, area, sizes):
+    """A random work request ``op`` from ``src`` to ``dst`` (posts the receive it needs).
+
+    Buffer layout, four areas of ``area`` bytes: READ destinations and atomic results,
+    write sources, READ sources, write targets (whose first 128 bytes are the atomics'
+    counters). Sizes: 0, 1, 8, 64, up to ``sizes[0]`` or up to ``sizes[1]`` bytes.
+    """
+    dst_area, src_area, read_area, write_area = 0, area, 2 * area, 3 * area
+    if op in (CAS, FAA):
+        size = 8
+        loff = dst_area + (rng.randrange(0, area - 8) & ~7)
+        roff = write_area + rng.randrange(0, 16) * 8     # a few shared counters
+    else:
+        size = rng.choice([0, 1, 8, 64, rng.randrange(1, sizes[0]), rng.randrange(sizes[0], sizes[1])])
+        base = dst_area if op == R else src_area
+        loff = base + rng.randrange(0, area - size + 1)
+        roff = (read_area if op == R else write_area) + rng.randrange(0, area - size + 1)
+    if op in (S, SI, WI):
+        await sb.post_recv(dst["qp"], RecvWR(wr_id, dst["buf"] + write_area, area, dst["mr"].lkey))
+    flags = SendFlags.SIGNALED if rng.random() < 0.8 else 0
+    if rng.random() < 0.1:
+        flags |= SendFlags.FENCE
+    return SendWR(wr_id, op, (src["buf"] + loff, size, src["mr"].lkey), dst["buf"] + roff,
+                  dst["mr"].rkey,
+                  compare_add=rng.getrandbits(64) if op == FAA else rng.choice([0, rng.getrandbits(64)]),
+                  swap=rng.getrandbits(64), imm=rng.getrandbits(32), send_flags=flags)
+
+
 async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeout_ns=20_000_000):
     """Random traffic over ``npairs`` QP pairs, checked against the reference after each batch."""
     rng = random.Random(seed)
@@ -232,27 +260,8 @@ async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeo
             src, dst = (x, y) if k % 2 == 0 or not both_directions else (y, x)
             for _ in range(rng.randrange(1, 9)):
                 op = rng.choices([W, R, S, SI, WI, CAS, FAA], [30, 30, 10, 5, 5, 10, 10])[0]
-                if op in (CAS, FAA):
-                    size = 8
-                    loff = dst_area + (rng.randrange(0, (1 << 15) - 8) & ~7)
-                    roff = write_area + rng.randrange(0, 16) * 8     # a few shared counters
-                else:
-                    size = rng.choice([0, 1, 8, 64, rng.randrange(1, 4096), rng.randrange(4096, 20000)])
-                    base = dst_area if op == R else src_area
-                    loff = base + rng.randrange(0, (1 << 15) - size + 1)
-                    area = read_area if op == R else write_area
-                    roff = area + rng.randrange(0, (1 << 15) - size + 1)
-                if op in (S, SI, WI):
-                    await sb.post_recv(dst["qp"], RecvWR(wr_id, dst["buf"] + write_area, 1 << 15,
-                                                         dst["mr"].lkey))
-                flags = SendFlags.SIGNALED if rng.random() < 0.8 else 0
-                if rng.random() < 0.1:
-                    flags |= SendFlags.FENCE
-                batch.append((src, SendWR(wr_id, op, (src["buf"] + loff, size, src["mr"].lkey),
-                                          dst["buf"] + roff, dst["mr"].rkey,
-                                          compare_add=rng.getrandbits(64) if op == FAA else rng.choice([0, rng.getrandbits(64)]),
-                                          swap=rng.getrandbits(64), imm=rng.getrandbits(32),
-                                          send_flags=flags)))
+                batch.append((src, await random_wr(rng, sb, wr_id, src, dst, op, 1 << 15,
+                                                   (4096, 20000))))
                 wr_id += 1
         # The last request of each QP in a batch is signaled: its completion means every
         # earlier (possibly unsignaled) request of the QP is done, so memory can be compared.
