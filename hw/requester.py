@@ -352,7 +352,9 @@ class Requester(wiring.Component):
         rx_kick = Signal()            # the response FSM made progress on rcur
         armed = Signal(nq)
         for i in range(nq):
-            m.d.comb += armed[i].eq((count(i) != 0) & rts[i] & ~err[i] & ~ev_pend[i])
+            # not while a rewind waits to be applied (it restarts the timer)
+            m.d.comb += armed[i].eq((count(i) != 0) & rts[i] & ~err[i] & ~ev_pend[i]
+                                    & ~rwd_pend[i])
         m.d.comb += [
             timer.armed.eq(armed),
             timer.kick.eq(Mux(tx_kick, 1 << cur, 0) | Mux(rx_kick, 1 << rcur, 0)),
