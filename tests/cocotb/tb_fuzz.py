@@ -1,4 +1,5 @@
-"""cocotb fuzz test of node b's receive path (run by tests/test_fuzz.py on ``FuzzTop``).
+"""cocotb fuzz test of node b's receive path, run by tests/test_fuzz.py on the two-node system
+(``TwoNodeSystem``) or on ``FuzzTop`` (the same with node b's receive-path pulse counters).
 
 Setup: node a and node b with a good connected QP pair (QPN 2 on both, one registered buffer
 each, scored against the reference model by :class:`sim.scoreboard.Scoreboard`) and, on node
@@ -6,35 +7,40 @@ b, "fuzz target" QPs 3-6 in RTS in their own protection domain, whose remote is 
 a (a QP that never posts anything: the responses to fuzz frames go there and a's requester
 drops them), QP 7 left in INIT (its requests must be dropped), and four memory regions of the
 fuzz PD with known keys: all rights, remote READ only (no write of any kind may land in it),
-remote WRITE only, remote atomics only, plus the key of a deregistered region. QPs 3 and 4
-have receive WQEs posted (one good, one too short, one with a key without LOCAL_WRITE).
+remote WRITE only, remote atomics only, plus the key of a deregistered region and the key of
+the good pair's region (another PD). QPs 3 and 4 have receive WQEs posted (one good, one too
+short, one with a key without LOCAL_WRITE). Fuzz frames never reach the good QP of node b.
 
 Run: good traffic before the fuzz phase; ``FUZZ_FRAMES`` frames of :class:`sim.fuzz.FuzzGenerator`
-(seed ``FUZZ_SEED``) injected into node b's receive path in chunks of ``FUZZ_CHUNK`` while
-good traffic keeps flowing in both directions on the good pair; after every chunk the
-fuzz QPs are moved to RESET and back to RTS with new PSNs (so that the responder keeps
-executing fuzz requests instead of dropping everything once a QP is in ERR) and their receive
-CQ is drained; after the fuzz phase a last good batch.
+(seed ``FUZZ_SEED``) injected back to back into node b's receive path (``inj_b``,
+``sim.faults.FrameInjector``) in chunks of ``FUZZ_CHUNK``, while good traffic keeps flowing in
+both directions on the good pair; after every chunk the fuzz QPs are moved to RESET and back
+to RTS with new PSNs (so that the responder keeps executing fuzz requests instead of dropping
+everything once a QP is in ERR) and their receive CQ is drained; after the fuzz phase two more
+good batches and a last WRITE / READ / SEND / CAS / FAA.
 
 Checks:
 
-* no hang: every chunk is taken by node b within a deadline, every good batch completes;
+* no hang: every chunk is taken by node b within a deadline, every good batch completes, and
+  node b's receive path settles;
 * the good pair's completions and memory match the reference model (before, during, after);
 * every DMA write node b made lies in a registered region or a CQ ring, and none in the
-  regions without write rights (remote-READ-only region, deregistered region);
-* accounting, exact: per chunk, the depacketizer's ICRC and malformed drops and the
-  demultiplexer's drops equal the generator's predictions (``sim.roce.classify``); over the
-  fuzz phase, frames passed by the depacketizer = predicted "ok" + frames node a sent, and
-  node b's counters agree with the probes: RX_PACKETS, RX_BYTES, RX_DROP_ICRC,
-  RX_DROP_MALFORMED exactly, RX_DROP_QP = demultiplexer drops + responder drops (those frames
-  are in RX_PACKETS too), and frames delivered to b = RX_PACKETS + RX_DROP_ICRC +
-  RX_DROP_MALFORMED; node a receives every frame node b sends and drops none;
-* the responder's silent drops are at least the requests aimed at QPs never in RTR/RTS.
+  regions without write rights (remote-READ-only region, deregistered region); node a's too;
+* accounting, per chunk: node b's ICRC and malformed drops equal the generator's predictions
+  (``sim.roce.classify``), and so do the demultiplexer's drops (with the probes; else
+  RX_DROP_QP is at least the predicted demultiplexer drops);
+* accounting over the fuzz phase: frames passed by the depacketizer = predicted "ok" + frames
+  node a sent; RX_PACKETS, RX_BYTES, RX_DROP_ICRC, RX_DROP_MALFORMED exact; frames delivered
+  to b = RX_PACKETS + RX_DROP_ICRC + RX_DROP_MALFORMED; RX_DROP_QP = demultiplexer drops +
+  responder drops (with the probes each exact resp. measured); the responder's silent drops lie
+  between the requests aimed at QPs never in RTR/RTS and all requests reaching it; node a
+  receives every frame node b sends and drops none.
 
-``FUZZ_MISPREDICT=k``: the checker's self-test, frame k's prediction is made wrong (the test must
-fail with a miscount). ``FUZZ_CHECK_EACH=1``: no concurrent good traffic and a check after every frame (to find the
-single frame a miscount comes from). ``FUZZ_DUMP``: file the frames of a failing chunk are
-written to (hex, one per line).
+Knobs: ``FUZZ_GOOD_GAP_NS``: simulated time between the good batches that run alongside the
+fuzz frames (default 0: back to back). ``FUZZ_MISPREDICT=k``: the checker's self-test, frame
+k's prediction is made wrong (the test must fail with a miscount). ``FUZZ_CHECK_EACH=1``: no
+concurrent good traffic and a check after every frame (finds the single frame a miscount
+comes from). ``FUZZ_DUMP``: file the frames of a failing chunk are written to (hex).
 """
 
 import collections
@@ -43,7 +49,7 @@ import os
 import random
 
 import cocotb
-from cocotb.triggers import ClockCycles, with_timeout
+from cocotb.triggers import ClockCycles, Timer, with_timeout
 
 from hw.config import preset
 from hw.formats import Access, BthOpcode, QpState, WcStatus, WrOpcode
@@ -61,6 +67,8 @@ DUMP = os.environ.get("FUZZ_DUMP", "")
 BP = float(os.environ.get("TB_BACKPRESSURE", "0.1"))
 # checker self-test: count frame MISPREDICT as an ICRC drop whatever it is (must then fail)
 MISPREDICT = int(os.environ.get("FUZZ_MISPREDICT", "-1"))
+# good batches alongside the fuzz frames: one every GOOD_GAP_NS of simulated time (0: back to back)
+GOOD_GAP_NS = int(os.environ.get("FUZZ_GOOD_GAP_NS", "0"))
 
 PROBES = ("dpkt_ok", "dpkt_icrc", "dpkt_malformed", "demux_drop", "resp_drop")
 W_, R_, S_, SI_, WI_ = (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ, WrOpcode.SEND,
@@ -278,6 +286,8 @@ async def test_fuzz(dut):
     async def background():
         while not stop:
             await good.batch(n=4)
+            if GOOD_GAP_NS:
+                await Timer(GOOD_GAP_NS, "ns")
 
     bg = None if CHECK_EACH else cocotb.start_soon(background())
     pred = collections.Counter()
