@@ -841,9 +841,14 @@ class Requester(wiring.Component):
                     m.d.sync += [fi[cur].eq(fi[cur] + 1), ci[cur].eq(ci[cur] + 1)]
                     m.next = "CQE"
                 with m.Elif(wqe.flags[1] & (rd_out[cur] != 0)):
-                    # fence: wait for the earlier READ/atomic requests, fetch again later
+                    # fence: wait for the earlier READ/atomic requests, fetch again later.
+                    # The rest of the batch is dropped too, even if the fence clears in the
+                    # meantime: its WQEs follow the dropped one (fi does not move past it).
                     m.d.comb += tx_fence_set.eq(1)
-                    m.next = "NEXT"
+                    with m.If(batch_left == 0):
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.next = "DRAIN"
                 with m.Elif(rx_trk_we):
                     pass        # the tracker write port is taken by the response FSM: retry
                 with m.Elif(loc_status != 0):

@@ -58,7 +58,8 @@ async def run_lossy(dut, ops, loss, seed=SEED):
     number of adds and the values the adds returned must be exactly 0, 1, ..., n-1 (an
     atomic executed twice or lost would break both)."""
     rng = random.Random(seed)
-    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=seed)
+    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=seed,
+                                pcap=os.environ.get("PCAP_FILE") or None)
     links = await faults_on(dut, loss, seed)
     npairs = CFG.nic.n_qps - FIRST_QPN
     buf = 1 << 16
