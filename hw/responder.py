@@ -106,7 +106,7 @@ A ``qp_event`` for a QP (always accepted) rewrites its state row (expected PSN =
 MSN 0, consumer index 0, no message in progress); the receive-queue producer index written
 by ``rq_db`` is kept (receives are posted from INIT on) except on an event with state RESET
 (the QP was created or reset), which clears it. If the event hits the QP of the packet being processed, that packet's
-state write-back is cancelled (its CQE/ACK are still issued).
+state write-back and its QP-error request are cancelled (its CQE/ACK are still issued).
 
 Ports
 -----
@@ -771,12 +771,17 @@ class Responder(wiring.Component):
                     fin_next(1)
 
             with m.State("FIN_ERR"):
-                m.d.comb += [
-                    self.set_err.valid.eq(1),
-                    self.set_err.payload.qpn.eq(qpn),
-                ]
-                with m.If(self.set_err.ready):
+                with m.If(killed | kill_now):
+                    # the QP was modified (reset) while this packet was processed: the
+                    # error belonged to its old incarnation, the new one stays as it is
                     fin_next(2)
+                with m.Else():
+                    m.d.comb += [
+                        self.set_err.valid.eq(1),
+                        self.set_err.payload.qpn.eq(qpn),
+                    ]
+                    with m.If(self.set_err.ready):
+                        fin_next(2)
 
             with m.State("FIN_ACK"):
                 taken = push(RESP_ACK, ack_psn, ack_syn, ack_msn)

@@ -130,6 +130,7 @@ class Model:
         self.pi = [0] * n
         self.tx, self.cqes, self.errs = [], [], []
         self.naks = self.drops = self.dups = self.seq_drops = self.replays = 0
+        self.last_fatal = None
 
     @staticmethod
     def _fresh(rq_psn):
@@ -152,6 +153,7 @@ class Model:
         self.naks += 1
         if fatal:
             self.errs.append(q)
+            self.last_fatal = q
             self.qps[q]["state"] = QpState.ERR
 
     def cqe(self, q, status, opcode, byte_len, wr_id, imm=None):
@@ -237,6 +239,10 @@ class Model:
         kind = it[0]
         if kind == "event":
             q, state, rq_psn = it[1], it[2], it[4]
+            if len(it) > 5 and self.last_fatal == q:
+                # the event overtook the packet that failed: the QP-error request of the
+                # old incarnation is cancelled (the new one is not in error)
+                self.errs.pop()
             self.qps[q]["state"] = state
             self.st[q] = self._fresh(rq_psn)
         elif kind == "db":
@@ -245,6 +251,7 @@ class Model:
                 self.mem[a:a + len(raw)] = raw
             self.pi[q] = pi_
         else:
+            self.last_fatal = None
             self.packet(it[1], it[2])
 
     def packet(self, m, payload):
@@ -882,6 +889,22 @@ def test_qp_event_during_packet_cancels_write_back(bp):
     out = run(items, bp=bp, seed=8)
     acks = [(m["dest_qpn"], m["psn"], m["syndrome"], m["msn"]) for m, _ in out["tx"]]
     assert acks == [(0x100, 10, ACK, 1), (0x100, 100, ACK, 1), (0x101, 20, ACK, 1), (0x101, 21, ACK, 2)]
+
+
+@pytest.mark.parametrize("bp", [False, True])
+def test_qp_event_during_failing_packet_cancels_set_err(bp):
+    """A packet that fails fatally (wrong rkey) while its QP is being reset: the NAK still
+    leaves, but no QP-error request reaches the new incarnation of the QP (found by the
+    fuzzing test: the re-created QP went to ERR)."""
+    items = [event(0, QpState.RTS, 10),
+             pkt(Op.WRITE_ONLY, 0, 10, rnd(64, 1), ackreq=1, va=0x40, rkey=K1, dma_len=64),
+             event(0, QpState.RTS, 100, race=True),
+             pkt(Op.WRITE_ONLY, 0, 100, rnd(8, 2), ackreq=1, va=0x100, rkey=K0, dma_len=8),
+             # without the race the error reaches the QP
+             pkt(Op.WRITE_ONLY, 0, 101, rnd(8, 2), ackreq=1, va=0x100, rkey=K1, dma_len=8)]
+    out = run(items, bp=bp, seed=18)
+    assert naks(out) == [(10, 0x62), (101, 0x62)]
+    assert out["errs"] == [0]
 
 
 def test_receive_ring_wraps():
