@@ -10,15 +10,17 @@ pulse counters of :class:`FuzzTop`.
 :class:`FuzzTop` is the two-node system with five 32-bit counters of node b's receive-path
 outcome pulses as extra outputs (``probe_b_dpkt_ok``, ``probe_b_dpkt_icrc``,
 ``probe_b_dpkt_malformed``: the depacketizer; ``probe_b_demux_drop``: the demultiplexer;
-``probe_b_resp_drop``: the responder's silent drop). The RX_DROP_MALFORMED counter adds the
-last three kinds of drops, so the counters alone cannot tell a depacketizer miscount from a
-responder drop; the probes can. The probes only read existing signals (nothing in hw/ changes).
+``probe_b_resp_drop``: the responder's silent drop). The RX_DROP_QP counter adds the last two
+kinds of drops, so the counters alone cannot tell a demultiplexer miscount from a responder
+drop; the probes can. The probes only read existing signals (nothing in hw/ changes).
 
 The default test injects 10,000 frames into the plain ``TwoNodeSystem`` (the Verilator build
 of tests/test_system.py is reused; accounting from node b's counters: depacketizer outcomes
 exact, responder drops bounded); the ``slow`` variant injects 100,000 into :class:`FuzzTop`
 (a build of its own; depacketizer, demultiplexer and responder outcomes apart and exact except
 the responder drops, which are measured and bounded) and runs with ``make test-slow``.
+``test_stale_error_after_reset`` is the directed reproducer of the responder bug the 100k
+run found (xfail until fixed).
 """
 
 import os
