@@ -20,7 +20,7 @@ exact, responder drops bounded); the ``slow`` variant injects 100,000 into :clas
 (a build of its own; depacketizer, demultiplexer and responder outcomes apart and exact except
 the responder drops, which are measured and bounded) and runs with ``make test-slow``.
 ``test_stale_error_after_reset`` is the directed reproducer of the responder bug the 100k
-run found (xfail until fixed).
+run found (fixed since), kept as a regression test.
 """
 
 import os
@@ -119,19 +119,11 @@ def test_fuzz_10k():
                 "fuzz10k", probes=False))
 
 
-STALE_ERR_BUG = ("RTL bug: a request the responder is executing when its QP is reset still "
-                 "raises set_err afterwards and forces the QP's next incarnation to ERR "
-                 "(hw/responder.py: FIN_ERR does not look at `killed`)")
-
-
 def test_stale_error_after_reset():
-    """Directed reproducer of the bug the 100k fuzz run (seed 2) found: see tb_fuzz.py. Expected
-    to fail (xfail) with exactly that symptom until hw/responder.py is fixed; passes after."""
-    result = _run(0, 1, "stale_err", probes=False, testcase="test_stale_error_after_reset")
-    msgs = [t.message for t in result.tests if not t.passed]
-    if len(msgs) == 1 and "was forced to ERR by that request" in msgs[0]:
-        pytest.xfail(STALE_ERR_BUG)
-    _check(result)
+    """Regression test of the responder bug the 100k fuzz run (seed 2) found, fixed in 069356d:
+    a request executing while its QP is reset raised set_err afterwards and forced the QP's
+    next incarnation to ERR. See tb_fuzz.py."""
+    _check(_run(0, 1, "stale_err", probes=False, testcase="test_stale_error_after_reset"))
 
 
 @pytest.mark.slow
