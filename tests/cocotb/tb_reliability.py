@@ -67,7 +67,7 @@ async def run_lossy(dut, ops, loss, seed=SEED):
     # (the small preset has 8 MR slots: 6 pair buffers + 2)
     pds = {h: h.ctx.alloc_pd() for h in (sysm.a, sysm.b)}
     pairs = []
-    for _ in range(npairs):
+    for i in range(npairs):
         ends = []
         for h in (sysm.a, sysm.b):
             cq = await h.ctx.create_cq(512)
@@ -75,7 +75,9 @@ async def run_lossy(dut, ops, loss, seed=SEED):
             mr = await h.ctx.reg_mr(pds[h], b_, buf, ALL_ACCESS)
             qp = await h.ctx.create_qp(pds[h], cq, cq, sq_depth=64, rq_depth=64, **LOSSY_QP)
             ends.append({"host": h, "qp": qp, "cq": cq, "pd": pds[h], "mr": mr, "buf": b_})
-        await verbs.connect(ends[0]["qp"], ends[1]["qp"])
+        # odd pairs start just below the 24-bit PSN wrap, so retransmissions cross it
+        psn = (1 << 24) - 200 if i % 2 else 0
+        await verbs.connect(ends[0]["qp"], ends[1]["qp"], psn_a=psn, psn_b=psn)
         pairs.append(tuple(ends))
     # the shared counters (one block per node) and the add results (one slot per add)
     shared, results, shared_mr, results_mr = {}, {}, {}, {}
