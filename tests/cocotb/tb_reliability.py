@@ -19,22 +19,18 @@ import cocotb
 from cocotb.triggers import Timer
 
 from hw.formats import WrOpcode, WcStatus
-from hw.regmap import Counter
 from sim.faults import LinkFaults
 from sim.harness import TwoNodes, ALL_ACCESS
 from sim.scoreboard import Scoreboard
 from sim import verbs
 from sim.verbs import SendWR, RecvWR, SendFlags, FIRST_QPN
-from tests.cocotb.tb_system import CFG, fill, random_wr
+from tests.cocotb.tb_system import CFG, fill, random_wr, W, R, S, SI, WI, CAS, FAA
 
 SEED = int(os.environ.get("TB_SEED", "1"))
 OPS = int(os.environ.get("TB_OPS", "2000"))
 LOSS = float(os.environ.get("TB_LOSS", "0.01"))
 BP = float(os.environ.get("TB_BACKPRESSURE", "0.1"))
 
-W, R, S, SI, WI = (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ, WrOpcode.SEND,
-                   WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
-CAS, FAA = WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD
 
 #: QP attributes under loss: 8.2 us local ACK timeout (about 3 round trips of the small
 #: preset), the maximum retry counts.

@@ -740,16 +740,8 @@ def test_fence_clearing_during_batch(lat):
           wqe(O.RDMA_WRITE, 8, SIG, local=GOOD["base"], remote=0x801000),
           wqe(O.RDMA_WRITE, 8, SIG | FENCE, local=GOOD["base"] + 8, remote=0x802000),
           wqe(O.RDMA_WRITE, 0, SIG, local=GOOD["base"], remote=0x803000)]
-
-    async def script(ctx, world, event, wait):
-        await event(0, formats.QpState.RTS.value, 0)
-        for w in ws:
-            world.post(0, w)
-        world.ring(0)
-        await wait(lambda: len(world.cqes) >= 4)
-
     world.final_psn[0] = None
-    run(world, script)
+    run(world, post_ring_wait(ws, 4, 0))
     check_success(world, 0, ws)
 
 
