@@ -11,7 +11,6 @@ probability per link direction; duplication and reordering are each half of it, 
 a quarter), ``TB_SEED``, ``TB_BACKPRESSURE``.
 """
 
-import dataclasses
 import os
 import random
 
@@ -24,7 +23,7 @@ from sim.harness import TwoNodes, ALL_ACCESS
 from sim.scoreboard import Scoreboard
 from sim import verbs
 from sim.verbs import SendWR, RecvWR, SendFlags, FIRST_QPN
-from tests.cocotb.tb_system import CFG, fill, random_wr, W, R, S, SI, WI, CAS, FAA
+from tests.cocotb.tb_system import CFG, fill, post_batch, random_wr, W, R, S, SI, WI, CAS, FAA
 
 SEED = int(os.environ.get("TB_SEED", "1"))
 OPS = int(os.environ.get("TB_OPS", "2000"))
@@ -113,11 +112,7 @@ async def run_lossy(dut, ops, loss, seed=SEED):
                     wr = await random_wr(rng, sb, wr_id, src, dst, op, 1 << 14, (1024, 6000))
                 batch.append((src, wr))
                 wr_id += 1
-        last = {id(src["qp"]): i for i, (src, _) in enumerate(batch)}
-        for i, (src, wr) in enumerate(batch):
-            if last[id(src["qp"])] == i:
-                wr = dataclasses.replace(wr, send_flags=wr.send_flags | SendFlags.SIGNALED)
-            await sb.post_send(src["qp"], wr)
+        await post_batch(sb, batch)
         done += len(batch)
         # every work request completes exactly once with the reference model's status,
         # memory equals the reference (scoreboard)

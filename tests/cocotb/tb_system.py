@@ -230,6 +230,17 @@ async def random_wr(rng, sb, wr_id, src, dst, op, area, sizes):
                   swap=rng.getrandbits(64), imm=rng.getrandbits(32), send_flags=flags)
 
 
+async def post_batch(sb, batch):
+    """Post ``[(src end, SendWR)]`` in order. The last request of each QP is signaled: its
+    completion means every earlier (possibly unsignaled) request of the QP is done, so that
+    memory can be compared."""
+    last = {id(src["qp"]): i for i, (src, _) in enumerate(batch)}
+    for i, (src, wr) in enumerate(batch):
+        if last[id(src["qp"])] == i:
+            wr = dataclasses.replace(wr, send_flags=wr.send_flags | SendFlags.SIGNALED)
+        await sb.post_send(src["qp"], wr)
+
+
 async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeout_ns=20_000_000):
     """Random traffic over ``npairs`` QP pairs, checked against the reference after each batch."""
     rng = random.Random(seed)
@@ -263,13 +274,7 @@ async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeo
                 batch.append((src, await random_wr(rng, sb, wr_id, src, dst, op, 1 << 15,
                                                    (4096, 20000))))
                 wr_id += 1
-        # The last request of each QP in a batch is signaled: its completion means every
-        # earlier (possibly unsignaled) request of the QP is done, so memory can be compared.
-        last = {id(src["qp"]): i for i, (src, _) in enumerate(batch)}
-        for i, (src, wr) in enumerate(batch):
-            if last[id(src["qp"])] == i:
-                wr = dataclasses.replace(wr, send_flags=wr.send_flags | SendFlags.SIGNALED)
-            await sb.post_send(src["qp"], wr)
+        await post_batch(sb, batch)
         done += len(batch)
         await sb.check(timeout_ns=timeout_ns)
     dut._log.info(f"random: {done} work requests over {npairs} QP pairs checked")
