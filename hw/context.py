@@ -7,7 +7,10 @@ command register and eight argument words, see :mod:`hw.regmap`):
 * the QP context table (static part, :data:`~hw.regmap.QP_CTX`) and the state of every QP,
   with the modify-QP state machine of the InfiniBand Architecture Specification vol. 1
   rel. 1.4, section 10.3.1 (RESET, INIT, RTR, RTS, ERR; SQD/SQE not modelled): an illegal
-  transition is refused with ``CmdStatus.BAD_TRANSITION`` and changes nothing;
+  transition is refused with ``CmdStatus.BAD_TRANSITION`` and changes nothing, and
+  ``SET_QP`` on a QP that is not in RESET with ``CmdStatus.BAD_STATE`` (a permanent refusal;
+  ``BUSY`` means "in progress, poll again" and is never returned, every command taking
+  effect in one cycle);
 * the CQ context table (:data:`~hw.regmap.CQ_CTX`);
 * the memory-region table (:data:`~hw.formats.MR_ENTRY`, IBA 10.6): base, length, key,
   protection domain and access rights, checked by requester and responder on every access;
@@ -173,7 +176,8 @@ class Context(wiring.Component):
                     with m.If(index >= cfg.n_qps):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)
                     with m.Elif(cur_state != QpState.RESET):
-                        m.d.sync += status.eq(CmdStatus.BUSY)
+                        # a permanent refusal, not "try again": the QP must be reset first
+                        m.d.sync += status.eq(CmdStatus.BAD_STATE)
                     with m.Elif((qp_args.sq_log_size > 15) | (qp_args.rq_log_size > 15) |
                                 (qp_args.send_cq >= cfg.n_cqs) | (qp_args.recv_cq >= cfg.n_cqs) |
                                 (qp_args.max_rd_atomic > 16)):

@@ -45,7 +45,7 @@ class Reg(enum.IntEnum):
 class Cmd(enum.IntEnum):
     """Command opcodes; the arguments are the bits of the named layout, ARG0 lowest."""
     NOP = 0
-    SET_QP = 1       # index QPN, args QP_CTX; only while the QP is in RESET
+    SET_QP = 1       # index QPN, args QP_CTX; only while the QP is in RESET (else BAD_STATE)
     MODIFY_QP = 2    # index QPN, ARG0 bits 2:0 new QpState, ARG1 bits 23:0 sq_psn, 47:24 rq_psn
     SET_CQ = 3       # index CQN, args CQ_CTX
     SET_MR = 4       # index MR slot, args MR_ENTRY (the key's bits 15:8 must equal the slot)
@@ -53,12 +53,24 @@ class Cmd(enum.IntEnum):
 
 
 class CmdStatus(enum.IntEnum):
+    """What ``CMD`` reads back after a command (docs/formats.md, "Command status").
+
+    ``BUSY`` is the only transient status: the command is still in progress and the driver
+    reads ``CMD`` again (this model's commands take effect in one cycle, so its RTL never
+    returns it; it is reserved for a command engine that takes longer). Every other non-OK
+    status is a permanent refusal that changed nothing: the driver raises at once. The split
+    follows mlx5's command statuses, where "resource busy" (``MLX5_CMD_STAT_RES_BUSY``) and
+    "bad resource state" (``MLX5_CMD_STAT_BAD_RES_STATE_ERR``) are distinct
+    (include/linux/mlx5/device.h).
+    """
     OK = 0
-    BAD_INDEX = 1
-    BAD_TRANSITION = 2
-    BAD_VALUE = 3
-    BAD_OPCODE = 4
-    BUSY = 5
+    BAD_INDEX = 1        # index out of range (QPN >= n_qps, CQN >= n_cqs, slot >= n_mrs)
+    BAD_TRANSITION = 2   # MODIFY_QP: (current, new) state pair not in LEGAL_TRANSITIONS
+    BAD_VALUE = 3        # an argument out of range (sizes, CQ numbers, key bits, state value)
+    BAD_OPCODE = 4       # no such command
+    BUSY = 5             # command in progress: read CMD again (never returned by this RTL)
+    BAD_STATE = 6        # the object is not in a state that allows this command (SET_QP
+                         # on a QP that is not in RESET)
 
 
 #: Legal modify-QP transitions (IBA 10.3.1, figure 125, RC without SQD/SQE):

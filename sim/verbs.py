@@ -16,11 +16,12 @@ under cocotb (MMIO on the simulated bus, host memory in ``sim/host.py``) or agai
 What the driver does, in the order the hardware sees it:
 
 * configuration through the command interface (``ARG[i]`` words, then ``CMD``, then a read of
-  ``CMD`` for the status; ``BUSY`` is polled again, any other non-OK status raises
-  :class:`CommandError`): ``SET_MR`` for memory regions (IBA 10.6: key, bounds, access rights,
-  protection domain), ``SET_CQ`` for completion queues, ``SET_QP`` + ``BIND_DB`` for queue
-  pairs and ``MODIFY_QP`` for the state machine of IBA 10.3.1 (RESET -> INIT -> RTR -> RTS,
-  any -> ERR / RESET);
+  ``CMD`` for the status; ``BUSY``, "in progress", is read again, any other non-OK status
+  is a permanent refusal and raises :class:`CommandError` at once, for example ``BAD_STATE``
+  for ``SET_QP`` on a QP that is not in RESET): ``SET_MR`` for memory regions (IBA 10.6:
+  key, bounds, access rights, protection domain), ``SET_CQ`` for completion queues,
+  ``SET_QP`` + ``BIND_DB`` for queue pairs and ``MODIFY_QP`` for the state machine of
+  IBA 10.3.1 (RESET -> INIT -> RTR -> RTS, any -> ERR / RESET);
 * send work requests (IBA 10.8, 11.4.1) as :data:`~hw.formats.WQE` entries in a host ring
   of ``sq_depth`` slots, then one 64-bit :data:`~hw.formats.DOORBELL` write with the new free
   running producer index at ``DOORBELL_BASE + 8 * register``;
@@ -404,26 +405,30 @@ class QueuePair:
         self.dest_qpn = dest_qpn
         await self._program()
 
-    async def modify_qp(self, state, sq_psn=None, rq_psn=None):
+    async def modify_qp(self, state, sq_psn=None, rq_psn=None, *, check=True):
         """Move to ``state`` with MODIFY_QP (IBA 10.3.1); PSNs default to the last ones used.
 
         Raises :class:`ValueError` for a transition that IBA does not allow (the NIC is not
-        asked) and :class:`CommandError` when the NIC refuses.
+        asked) and :class:`CommandError` when the NIC refuses; either way nothing changes,
+        neither the driver's state nor its PSNs. ``check=False`` skips the driver's own check
+        and sends the command anyway, so that a test can see the NIC refuse it.
         """
         state = QpState(state)
+        if not isinstance(check, bool):
+            raise TypeError(f"check must be True or False, not {check!r}")
         if sq_psn is not None:
             _check_int("sq_psn", sq_psn, 0, (1 << 24) - 1)
-            self.sq_psn = sq_psn
         if rq_psn is not None:
             _check_int("rq_psn", rq_psn, 0, (1 << 24) - 1)
-            self.rq_psn = rq_psn
-        if (self.state.name, state.name) not in LEGAL_TRANSITIONS:
+        if check and (self.state.name, state.name) not in LEGAL_TRANSITIONS:
             raise ValueError(f"state: QP {self.qpn} cannot go from {self.state.name} to "
                              f"{state.name}; legal transitions are {sorted(LEGAL_TRANSITIONS)}")
-        args = state.value.to_bytes(8, "little") + \
-            (self.sq_psn | (self.rq_psn << 24)).to_bytes(8, "little")
+        sq_psn = self.sq_psn if sq_psn is None else sq_psn
+        rq_psn = self.rq_psn if rq_psn is None else rq_psn
+        args = state.value.to_bytes(8, "little") + (sq_psn | (rq_psn << 24)).to_bytes(8, "little")
         await self.ctx.command(Cmd.MODIFY_QP, self.qpn, args)
         self.state = state
+        self.sq_psn, self.rq_psn = sq_psn, rq_psn
         if state == QpState.RESET:
             self._reset_indices()
 
@@ -563,7 +568,10 @@ class Context:
         """Run one command: write the argument words, ``CMD``, then read the status.
 
         ``args`` are the bytes of the argument layout (ARG0 = bytes 0-7); only the words
-        they cover are written. Raises :class:`CommandError` on a non-OK status.
+        they cover are written. ``CMD`` is read again while it says ``BUSY`` (in progress),
+        at most ``_CMD_BUSY_POLLS`` times; any other non-OK status (a permanent refusal such
+        as ``BAD_STATE`` or ``BAD_TRANSITION``) raises :class:`CommandError` at once, and so
+        does a command still ``BUSY`` after the last read.
         """
         cmd = Cmd(cmd)
         _check_int("index", index, 0, 0xFFFF)

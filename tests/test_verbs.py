@@ -319,6 +319,57 @@ def test_modify_refused_and_busy():
         run(qp.set_remote(1, 2))
 
 
+def test_modify_unchecked_reaches_the_nic():
+    """check=False sends a transition the driver would refuse, so that the NIC's own check
+    can be tested; a refusal (either one) changes neither the state nor the PSNs."""
+    ctx, mmio, _ = make()
+    qp = run(_make_qps(ctx, 1))[0]
+    run(qp.modify_qp(QpState.INIT, sq_psn=5, rq_psn=6))
+    mmio.clear()
+    with pytest.raises(ValueError, match=r"state: QP 0 cannot go from INIT to RTS"):
+        run(qp.modify_qp(QpState.RTS, sq_psn=7, rq_psn=8))
+    assert mmio.log == []                                   # the driver's check: NIC not asked
+    assert (qp.state, qp.sq_psn, qp.rq_psn) == (QpState.INIT, 5, 6)
+    mmio.status[Cmd.MODIFY_QP] = CmdStatus.BAD_TRANSITION
+    with pytest.raises(CommandError, match="status BAD_TRANSITION") as e:
+        run(qp.modify_qp(QpState.RTS, sq_psn=7, rq_psn=8, check=False))
+    assert mmio.log == cmd_seq(Cmd.MODIFY_QP, 0, [3, 7 | 8 << 24])
+    assert e.value.status == CmdStatus.BAD_TRANSITION
+    assert (qp.state, qp.sq_psn, qp.rq_psn) == (QpState.INIT, 5, 6)
+    # Accepted when the NIC accepts it (the fake NIC has no state machine).
+    del mmio.status[Cmd.MODIFY_QP]
+    run(qp.modify_qp(QpState.RTS, sq_psn=7, check=False))
+    assert (qp.state, qp.sq_psn, qp.rq_psn) == (QpState.RTS, 7, 6)
+    with pytest.raises(TypeError, match="check must be True or False, not 'no'"):
+        run(qp.modify_qp(QpState.ERR, check="no"))
+
+
+def test_command_bad_state_is_not_polled():
+    """BAD_STATE is a permanent refusal: CommandError after one read of CMD. BUSY is read
+    again, and a command still BUSY after the last allowed read fails too."""
+    ctx, mmio, _ = make()
+    mmio.status[Cmd.SET_QP] = CmdStatus.BAD_STATE
+    with pytest.raises(CommandError, match=r"command SET_QP \(index 2\) refused by the NIC: "
+                                           r"status BAD_STATE") as e:
+        run(ctx.command(Cmd.SET_QP, 2, bytes(8)))
+    assert e.value.status == CmdStatus.BAD_STATE and e.value.cmd == Cmd.SET_QP
+    assert mmio.log == cmd_seq(Cmd.SET_QP, 2, [0])           # one read of CMD, no polling
+    # BUSY then BAD_STATE: polled while BUSY, then refused at once.
+    mmio.clear()
+    mmio.busy = 2
+    with pytest.raises(CommandError, match="status BAD_STATE"):
+        run(ctx.command(Cmd.SET_QP, 2, bytes(8)))
+    assert mmio.log == cmd_seq(Cmd.SET_QP, 2, [0]) + [("r", CMD)] * 2
+    # BUSY for ever: refused with BUSY after the poll limit.
+    from sim import verbs
+    mmio.clear()
+    mmio.busy = 10 ** 6
+    with pytest.raises(CommandError, match="status BUSY") as e:
+        run(ctx.command(Cmd.NOP, 0))
+    assert e.value.status == CmdStatus.BUSY
+    assert sum(1 for x in mmio.log if x == ("r", CMD)) == verbs._CMD_BUSY_POLLS
+
+
 async def _connected(ctx, sq_depth=4, rq_depth=4, **kw):
     pd = ctx.alloc_pd()
     cq = await ctx.create_cq(8)

@@ -94,9 +94,18 @@ def test_registers_and_tables():
         assert await command(ctx, bus, Cmd.BIND_DB, 2, CFG.n_doorbells) == CmdStatus.BAD_VALUE
         ctx.set(dut.bind.index, 2)
         assert ctx.get(dut.bind.data) == 3
-        # SET_QP is refused once the QP left RESET.
+        # SET_QP is refused once the QP left RESET: a permanent BAD_STATE (not BUSY, which
+        # would tell the driver to poll again), and the context is unchanged.
         assert await command(ctx, bus, Cmd.MODIFY_QP, 2, QpState.INIT.value) == CmdStatus.OK
-        assert await command(ctx, bus, Cmd.SET_QP, 2, qp) == CmdStatus.BUSY
+        other = layout_int(QP_CTX, sq_base=0x9000, pd=3, send_cq=1, recv_cq=1)
+        assert await command(ctx, bus, Cmd.SET_QP, 2, other) == CmdStatus.BAD_STATE
+        ctx.set(dut.qp_req.index, 2)
+        data = ctx.get(dut.qp_req.data)
+        assert data.ctx.sq_base == 0x1000 and data.ctx.pd == 7 and data.state == QpState.INIT
+        # Once reset, the same SET_QP is accepted.
+        assert await command(ctx, bus, Cmd.MODIFY_QP, 2, QpState.RESET.value) == CmdStatus.OK
+        assert await command(ctx, bus, Cmd.SET_QP, 2, other) == CmdStatus.OK
+        assert ctx.get(dut.qp_req.data).ctx.sq_base == 0x9000
 
     run(dut, tb)
 
