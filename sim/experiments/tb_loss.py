@@ -34,7 +34,7 @@ async def loss_sweep(dut):
     depth = int(os.environ.get("LOSS_DEPTH", "4"))
     size = int(os.environ.get("LOSS_SIZE", "4096"))
     seed = int(os.environ.get("LOSS_SEED", "1"))
-    timeout = int(os.environ.get("LOSS_TIMEOUT", "1"))
+    timeout = int(os.environ.get("LOSS_TIMEOUT", "3"))     # 33 us, as loss.PARAMS
     rng = random.Random(seed)
     wall0 = time.perf_counter()
     sysm = await TwoNodes.start(dut, CFG, seed=seed)
