@@ -1,4 +1,8 @@
-"""One direction of a network link (cable plus switch) between two RNIC ports.
+"""One direction of a network link between two RNIC ports: latency and serialisation only.
+
+There is no switch model: no switch queues, no contention of several senders for one
+output port, no congestion, PFC or ECN; a fixed latency stands for the cable and whatever
+lies between the two ports.
 
 Models the physical path that carries RoCEv2 frames (InfiniBand Architecture Specification
 vol. 1 rel. 1.4, Annex A17 "RoCEv2": RoCEv2 packets are ordinary UDP/IPv4 Ethernet frames)
