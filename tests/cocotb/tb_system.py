@@ -9,13 +9,15 @@ import os
 import random
 
 import cocotb
+from cocotb.triggers import Timer
 
 from hw.config import preset
 from hw.formats import WrOpcode, WcStatus, Access, QpState
-from hw.regmap import Counter
+from hw.regmap import Cmd, CmdStatus, Counter
 from sim.harness import TwoNodes, ALL_ACCESS
 from sim.scoreboard import Scoreboard
-from sim.verbs import SendWR, RecvWR, SendFlags, VerbsError, FIRST_QPN
+from sim.verbs import (SendWR, RecvWR, SendFlags, CommandError, VerbsError, ENOMEM,
+                       FIRST_QPN)
 
 CFG = preset(os.environ.get("RNIC_PRESET", "small"))
 SEED = int(os.environ.get("TB_SEED", "1"))
@@ -173,33 +175,102 @@ async def test_error_send_too_long(dut):
 
 @cocotb.test()
 async def test_error_send_queue_overflow(dut):
-    """post_send refuses to overflow; a doorbell that overflows anyway is rejected and the QP fails."""
-    sysm, a, b, sb = await setup(dut, sq_depth=4)
+    """post_send refuses to overflow; a doorbell that overflows anyway is rejected and the QP
+    fails: DOORBELL_REJECTS counts it, the QP is in ERR, the work request the NIC had already
+    taken completes with WR_FLUSH_ERR, those of the rejected doorbell never complete (the NIC
+    never took them), and the QP works again once reset (docs/errors.md)."""
+    sysm, a, b, sb = await setup(dut, sq_depth=4, rnr_retry=7)
+    qp, cq = a["qp"], a["cq"]
     wrs = [SendWR(i, W, (a["buf"], 8, a["mr"].lkey), b["buf"], b["mr"].rkey) for i in range(5)]
     try:
-        await a["qp"].post_send(wrs)
+        await qp.post_send(wrs)
     except VerbsError as e:
-        assert "ENOMEM" in str(e) or e.errno == 12
+        assert e.errno == ENOMEM and "send queue full" in str(e), e
     else:
         raise AssertionError("post_send accepted 5 WQEs on a 4-entry send queue")
-    await a["qp"].post_send(wrs, allow_overflow=True)
-    for _ in range(200):
-        counters = await sysm.a.read_counters()
-        if counters["DOORBELL_REJECTS"]:
+    # One work request the NIC takes and keeps outstanding: a SEND without a receive at b,
+    # RNR-NAKed for ever (rnr_retry 7).
+    await qp.post_send(SendWR(10, S, (a["buf"], 8, a["mr"].lkey)))
+    for _ in range(2000):
+        if (await sysm.a.read_counters())["RNR_NAKS_RECEIVED"]:
             break
+    else:
+        raise AssertionError("the SEND was never RNR-NAKed")
+    # Four more make five beyond the NIC's consumer index on a 4-entry ring.
+    await qp.post_send(wrs[1:], allow_overflow=True)
+    (wc,) = await sysm.a.wait_completions(cq, 1, 2_000_000)
+    assert (wc.wr_id, WcStatus(wc.status)) == (10, WcStatus.WR_FLUSH_ERR), wc
+    counters = await sysm.a.read_counters()
     assert counters["DOORBELL_REJECTS"] == 1, counters
+    # The rejected doorbell's work requests were never taken: no completion for them.
+    await Timer(50, "us")
+    assert await cq.poll_cq(8) == []
+    assert counters["OPS_WRITE"] == 0 and counters["CQES"] == 1, counters
+    # The NIC has the QP in ERR: ERR -> RTS is refused (RTS -> RTS would be accepted).
+    try:
+        await qp.modify_qp(QpState.RTS, check=False)
+    except CommandError as e:
+        assert e.status == CmdStatus.BAD_TRANSITION, e
+    else:
+        raise AssertionError("the NIC accepted RTS for a QP whose doorbell overflowed")
+    # Reset and reconnected, the QP works again (b still expects PSN 0: the SEND was only
+    # RNR-NAKed; b's receive side is untouched).
+    await qp.modify_qp(QpState.RESET)
+    await qp.set_remote(b["host"].ctx.node_id, b["qp"].qpn)
+    for state in (QpState.INIT, QpState.RTR, QpState.RTS):
+        await qp.modify_qp(state, sq_psn=0, rq_psn=0)
+    sb.mirror()
+    await sb.post_send(qp, SendWR(20, W, (a["buf"], 8, a["mr"].lkey), b["buf"], b["mr"].rkey))
+    await sb.check()
+    assert [(w.wr_id, WcStatus(w.status).name) for w in sb.actual[(0, qp.qpn)]] == [
+        (20, "SUCCESS")]
 
 
 @cocotb.test()
 async def test_error_illegal_transition(dut):
-    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
-    a, b = await sysm.pair()
+    """RTS -> RTR and RTS -> INIT are not IBA 10.3.1 transitions. The driver refuses them
+    without asking the NIC (ValueError); sent anyway, the NIC refuses them with
+    BAD_TRANSITION, and the QP stays in RTS: it still carries traffic, and RTS -> RTS (legal
+    only from RTS) is accepted."""
+    sysm, a, b, sb = await setup(dut)
+    qp = a["qp"]
+    c0 = await sysm.a.read_counters()
     try:
-        await a["qp"].modify_qp(QpState.RTR)
+        await qp.modify_qp(QpState.RTR)
     except ValueError as e:
-        assert "RTS" in str(e) and "RTR" in str(e)
+        assert "cannot go from RTS to RTR" in str(e), e
     else:
-        raise AssertionError("RTS -> RTR was accepted")
+        raise AssertionError("the driver accepted RTS -> RTR")
+    # The same command, driven to the hardware: through modify_qp without the driver's
+    # check, and as a raw MODIFY_QP command (ARG0 = new state, ARG1 = PSNs).
+    try:
+        await qp.modify_qp(QpState.RTR, check=False)
+    except CommandError as e:
+        assert e.cmd == Cmd.MODIFY_QP and e.status == CmdStatus.BAD_TRANSITION, e
+    else:
+        raise AssertionError("the NIC accepted RTS -> RTR")
+    try:
+        await sysm.a.ctx.command(Cmd.MODIFY_QP, qp.qpn, QpState.INIT.value.to_bytes(8, "little")
+                                 + bytes(8))
+    except CommandError as e:
+        assert e.status == CmdStatus.BAD_TRANSITION, e
+    else:
+        raise AssertionError("the NIC accepted RTS -> INIT")
+    assert qp.state == QpState.RTS
+    # Unchanged: the QP still carries traffic both ways (scored against the reference) ...
+    la, lk, ra, rk = a["buf"], a["mr"].lkey, b["buf"], b["mr"].rkey
+    await sb.post_send(qp, [SendWR(1, W, (la, 64, lk), ra + 0x100, rk),
+                            SendWR(2, R, (la + 0x200, 64, lk), ra + 0x300, rk),
+                            SendWR(3, FAA, (la + 0x400, 8, lk), ra + 0x500, rk, compare_add=3)])
+    await sb.check()
+    assert [WcStatus(w.status).name for w in sb.actual[(0, qp.qpn)]] == ["SUCCESS"] * 3
+    counters = await sysm.a.read_counters()
+    assert counters["OPS_WRITE"] - c0["OPS_WRITE"] == 1, counters
+    # ... and RTS -> RTS, legal from RTS and refused from RESET, INIT and ERR, is accepted
+    # (raises CommandError otherwise). Done last, as the RTL's RTS -> RTS resets the QP's
+    # transport state (send-queue indices, PSNs) like a new connection.
+    await qp.modify_qp(QpState.RTS)
+    assert qp.state == QpState.RTS
 
 
 async def random_wr(rng, sb, wr_id, src, dst, op, area, sizes):
