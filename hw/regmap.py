@@ -102,7 +102,8 @@ class Counter(enum.IntEnum):
     RX_DROP_ICRC = 15      # frames dropped because the ICRC did not match
     RX_DROP_MALFORMED = 16 # frames the depacketizer dropped as malformed (bad length, ...)
     DOORBELLS = 17
-    DOORBELL_REJECTS = 18  # doorbell rings for a QP not bound to that register
+    DOORBELL_REJECTS = 18  # doorbell rings for a QP not bound to that register, and send
+                           # doorbells beyond the ring (overflow: the QP goes to ERR)
     CQES = 19
     WQE_FETCHES = 20
     RESP_QUEUE_FULL = 21   # cycles the responder waited for room in its response queue

@@ -370,6 +370,17 @@ def test_command_bad_state_is_not_polled():
     assert sum(1 for x in mmio.log if x == ("r", CMD)) == verbs._CMD_BUSY_POLLS
 
 
+def test_command_statuses_are_documented():
+    """docs/formats.md lists every CmdStatus with its value, and the driver's poll limit."""
+    import pathlib
+    import re
+    from sim import verbs
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "formats.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (\d+) \|", doc, re.M))
+    assert rows == {s.name: str(s.value) for s in CmdStatus}
+    assert f"up to {verbs._CMD_BUSY_POLLS} times" in doc
+
+
 async def _connected(ctx, sq_depth=4, rq_depth=4, **kw):
     pd = ctx.alloc_pd()
     cq = await ctx.create_cq(8)
