@@ -26,6 +26,7 @@ __all__ = [
     "CQE_FLAG_IMM", "CQE_FLAG_OWNER",
     "HEADER_BYTES", "ETH_IP_UDP_BYTES", "ROCE_UDP_PORT",
     "headers_of", "pack", "unpack",
+    "TlpKind", "CplKind", "TlpStatus", "TLP_DOWN_HDR", "TLP_UP_HDR", "tlp_words", "tlp_dwords", "tlp_cost",
 ]
 
 
@@ -294,3 +295,79 @@ def unpack(layout, raw):
     """Dict of field name to integer from the bytes of a layout."""
     value = int.from_bytes(bytes(raw), "little")
     return {name: (value >> f.offset) & ((1 << Shape.cast(f.shape).width) - 1) for name, f in layout}
+
+
+# ---------------------------------------------------------------------------------------
+# Host interface: transaction-layer packets between the NIC and host memory (PCIe-like)
+#
+# The NIC's host port carries two ordered streams of TLPs (docs/host-interface.md), modelled
+# on PCIe (PCI Express Base Specification 4.0, chapter 2 "Transaction Layer"): *down*
+# (NIC -> host: memory reads MRd and memory writes MWr) and *up* (host -> NIC: read
+# completions CplD, and write responses, which PCIe has not but AXI's B channel has, so that
+# a failed write can reach the engine that issued it). Each TLP is a run of beats of W
+# bytes; the header travels on the first beat. Data words are whole, aligned host words:
+# word i of a TLP covering [a, a + n) holds host bytes [(a & ~(W-1)) + i*W, ... + W).
+
+class TlpKind(enum.Enum, shape=1):
+    """Kind of a down TLP (NIC -> host)."""
+    MRD = 0           # memory read request, header only
+    MWR = 1           # memory write, header + data words
+
+
+class CplKind(enum.Enum, shape=1):
+    """Kind of an up TLP (host -> NIC)."""
+    CPLD = 0          # read completion (data words, or none with an error status)
+    WRRSP = 1         # write response, header only
+
+
+class TlpStatus(enum.Enum, shape=2):
+    """Completion / write-response status (PCIe completion status codes)."""
+    SC = 0            # successful completion
+    UR = 1            # unsupported request: no memory at that address
+    CA = 2            # completer abort: the host refused the request (e.g. a fault)
+
+
+#: Header of a down TLP. ``len`` is the byte count (1..4096); for MWr the data words cover
+#: [addr, addr + len), bytes outside it are not written (byte enables, derived from addr
+#: and len as PCIe's first/last DW byte enables are). ``tag`` names a read (its completions
+#: carry it) or numbers a write (its response carries it).
+TLP_DOWN_HDR = data.StructLayout({
+    "kind": TlpKind,
+    "tag": 8,
+    "addr": 64,
+    "len": 13,
+})
+
+#: Header of an up TLP. A read's completions come in address order and together carry its
+#: ``len`` bytes: each one the bytes [lo, lo + len) of the request (``lo`` like PCIe's lower
+#: address, relative to the request's address), ending on a read-completion-boundary
+#: aligned host address unless it is the last (``last``). An error status ends the request
+#: (``last`` set, no data). A write response names the write's ``tag``. ``dw`` is the
+#: payload in double words that a PCIe completion would carry for those bytes.
+TLP_UP_HDR = data.StructLayout({
+    "kind": CplKind,
+    "tag": 8,
+    "status": TlpStatus,
+    "lo": 12,
+    "len": 13,
+    "dw": 11,          # payload length in double words (PCIe's Length field): the link cost
+    "last": 1,
+})
+
+
+def tlp_words(addr, length, data_bytes):
+    """Aligned data words that cover the host bytes [addr, addr + length)."""
+    if length <= 0:
+        return 0
+    return ((addr % data_bytes) + length + data_bytes - 1) // data_bytes
+
+
+def tlp_dwords(addr, length):
+    """Double words a PCIe TLP carries for the bytes [addr, addr + length)."""
+    return 0 if length <= 0 else ((addr % 4) + length + 3) // 4
+
+
+def tlp_cost(dwords, overhead):
+    """Bytes a TLP occupies on the link: header and framing (``overhead``) plus its payload
+    in double words (a read request and a write response carry none)."""
+    return overhead + 4 * dwords

@@ -31,6 +31,9 @@ __all__ = [
     "dma_write_layout", "DmaWrite", "DmaReadClient", "MmioSignature", "Lookup",
     "DoorbellEvent", "QpEvent", "CqeRequest", "PacketOut",
     "DMA_TAG_BITS", "QP_LOOKUP", "QP_EVENT", "CQ_EVENT", "CqEvent", "QpErrRequest",
+    "DMA_USER_TAG_BITS", "DMA_MAX_LEN", "dma_rd_req_layout", "dma_rd_data_layout", "DmaReadPort",
+    "dma_wr_layout", "DMA_WR_DONE", "DmaWritePort", "tlp_down_layout", "tlp_up_layout",
+    "TlpDown", "TlpUp",
 ]
 
 DMA_TAG_BITS = 4
@@ -168,3 +171,86 @@ def PacketOut(data_bytes):
         "meta": Out(stream.Signature(formats.PKT_META)),
         "payload": Out(BeatStream(data_bytes)),
     })
+
+
+# ---------------------------------------------------------------------------------------
+# DMA client ports of the host interface (hw/dma/): tagged, with error status
+
+#: Bits of the client's own tag on DMA reads and writes (echoed on data and done).
+DMA_USER_TAG_BITS = 16
+#: Largest DMA transfer a client may ask for, bytes (64 KiB).
+DMA_MAX_LEN = 1 << 16
+
+
+def dma_rd_req_layout():
+    return data.StructLayout({"addr": 64, "len": bits_for(DMA_MAX_LEN), "tag": DMA_USER_TAG_BITS})
+
+
+def dma_rd_data_layout(data_bytes):
+    return data.StructLayout({
+        "data": 8 * data_bytes,
+        "nbytes": bits_for(data_bytes),
+        "last": 1,
+        "tag": DMA_USER_TAG_BITS,
+        "err": 1,          # on the last beat: the host failed some part of the read
+    })
+
+
+def DmaReadPort(data_bytes):
+    """A DMA read port as seen by a client of the NIC's DMA engine.
+
+    ``req`` (client -> engine): read ``len`` (1..65536) bytes at ``addr``; ``rd`` (engine ->
+    client): the bytes packed from byte 0, ``ceil(len / W)`` beats, in request order, each
+    with the request's ``tag``; ``err`` on the last beat says whether the host answered any
+    part of it with an error status (the data is then not valid).
+    """
+    return wiring.Signature({
+        "req": Out(stream.Signature(dma_rd_req_layout())),
+        "rd": In(stream.Signature(dma_rd_data_layout(data_bytes))),
+    })
+
+
+def dma_wr_layout(data_bytes):
+    return data.StructLayout({
+        "addr": 64,
+        "len": bits_for(DMA_MAX_LEN),
+        "tag": DMA_USER_TAG_BITS,
+        "data": 8 * data_bytes,
+        "nbytes": bits_for(data_bytes),
+        "last": 1,
+    })
+
+
+DMA_WR_DONE = data.StructLayout({"tag": DMA_USER_TAG_BITS, "err": 1})
+
+
+def DmaWritePort(data_bytes):
+    """A DMA write port as seen by a client of the NIC's DMA engine.
+
+    ``wr`` (client -> engine): one write is a run of beats packed from byte 0; ``addr``,
+    ``len`` (1..65536) and ``tag`` are taken from its first beat. ``done`` (engine ->
+    client, always accepted): one entry per write, in write order, once the host has
+    answered every part of it; ``err`` says it failed.
+    """
+    return wiring.Signature({
+        "wr": Out(stream.Signature(dma_wr_layout(data_bytes))),
+        "done": In(stream.Signature(DMA_WR_DONE, always_ready=True)),
+    })
+
+
+def tlp_down_layout(data_bytes):
+    return data.StructLayout({"hdr": formats.TLP_DOWN_HDR, "data": 8 * data_bytes, "last": 1})
+
+
+def tlp_up_layout(data_bytes):
+    return data.StructLayout({"hdr": formats.TLP_UP_HDR, "data": 8 * data_bytes, "last": 1})
+
+
+def TlpDown(data_bytes):
+    """Down TLP beats (NIC -> host); the header is valid on the first beat of each TLP."""
+    return stream.Signature(tlp_down_layout(data_bytes))
+
+
+def TlpUp(data_bytes):
+    """Up TLP beats (host -> NIC); the header is valid on the first beat of each TLP."""
+    return stream.Signature(tlp_up_layout(data_bytes))

@@ -1,0 +1,436 @@
+"""DMA read engine: the NIC's client reads as tagged PCIe read requests, completions in any order.
+
+Models the read half of an RNIC's host-interface DMA engine, as in Corundum's
+``dma_if_pcie_rd`` (a client request becomes read-request TLPs with tags; completions are
+written into a RAM at their place; the client is told when its data is there) and PCIe's
+rules for a requester (PCI Express Base Specification 4.0, 2.2.9 and 2.3.1.1):
+
+* **Splitting.** A client read of ``len`` bytes (1 .. 65536) at ``addr`` is cut at every
+  multiple of ``max_read_request`` (MRRS, default 512 B); each piece is one MRd TLP of at
+  most MRRS bytes and, since MRRS divides 4096, never crosses a 4 KB boundary. The engine
+  issues one TLP per cycle, round robin over the clients with something to issue, each with
+  a free tag from a pool of ``n_tags`` (PCIe's Tag field; 32 without extended tags).
+* **Completions in any order.** The host answers each MRd with one or more completions, in
+  address order within a request, each naming the tag and the byte range ``[lo, lo + len)``
+  of the request it carries in whole aligned words (the host may split at its read
+  completion boundary). Completions of different tags may arrive in any order and
+  interleave only at TLP boundaries. Each data word is written, rotated to the client's byte
+  order, into the client's ring (below); the tag returns to the pool with the completion
+  marked ``last``. A completion whose tag is not outstanding is dropped and counted
+  (``stat_bad``).
+* **Realignment in the NIC.** The host sends whole aligned words; the client gets its bytes
+  packed from byte 0 (:func:`~hw.interfaces.DmaReadPort`). Each client has a ring of
+  ``ring_words[c]`` words in two banks (even/odd words, byte-enabled writes), so that one
+  incoming word, rotated by ``(-addr) mod W`` bytes, lands in two consecutive ring words in
+  one cycle.
+* **Reserve, then read.** A TLP is issued only when the client's ring has room for every word
+  it fills; data therefore always has a place and the completion stream is never
+  back-pressured. Each client's data leaves its ring in request order, one word per cycle,
+  as soon as the words are complete (a word that straddles two TLPs waits for both), so a
+  client that stalls stalls only itself, and a slow completion delays only its own client.
+* **Error status.** A completion with a status other than SC ends its TLP; every TLP's status
+  is kept, and the last beat of the client's data carries ``err`` if any part failed.
+* **Ordering against writes.** Every MRd carries ``after``, the number of client writes the
+  write engine had accepted when the client asked for the read; the host interface sends an
+  MRd only once that many writes are on the link, so a read never passes a write issued
+  before it (PCIe: a read does not pass a posted write).
+
+Parameters: ``data_bytes`` (W, power of two in [8, 64]); ``ring_words`` (one per client,
+each a power of two in [4, 65536] and at least ``ceil(min(MRRS, max_len) / W) + 1``);
+``n_tags`` in [1, 256]; ``max_read_request`` (power of two in [64, 4096], at least W);
+``max_len`` (one per client, largest request it makes, default 65536); ``seq_depth`` (TLPs
+of one client issued and not yet passed to its data, power of two, default >= n_tags).
+
+Ports: ``rd: In(DmaReadPort(W)).array(n)``; ``mrd: Out(stream {hdr: TLP_DOWN_HDR, after:
+16})``; ``cpl: In(TlpUp(W))`` (read completions only, always ready); ``w_accepted: In(16)``;
+``stat_bad: Out(1)``; ``tags_free: Out(range(n_tags + 1))``.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2, exact_log2
+
+from ..arbiter import round_robin_pick
+from ..formats import TLP_DOWN_HDR, TlpKind, TlpStatus
+from ..interfaces import DMA_MAX_LEN, DmaReadPort, TlpUp
+from ..lib.checks import check_int, check_pow2
+
+__all__ = ["DmaReadEngine", "MRD_OUT", "split_reads"]
+
+MRD_OUT = data.StructLayout({"hdr": TLP_DOWN_HDR, "after": 16})
+
+
+def split_reads(addr, length, mrrs):
+    """Python model of the splitting rule: ``[(addr, len)]`` of the MRd TLPs of a read."""
+    out = []
+    end = addr + length
+    while addr < end:
+        n = min(end, (addr // mrrs + 1) * mrrs) - addr
+        out.append((addr, n))
+        addr += n
+    return out
+
+
+def _first_set(m, bits, n, name):
+    """(any, index) of the lowest set bit of ``bits`` (n wide)."""
+    idx = Signal(range(max(n, 2)), name=f"{name}_idx")
+    anyb = Signal(name=f"{name}_any")
+    for i in reversed(range(n)):
+        with m.If(bits[i]):
+            m.d.comb += idx.eq(i)
+    m.d.comb += anyb.eq(bits.any())
+    return anyb, idx
+
+
+class DmaReadEngine(wiring.Component):
+    def __init__(self, data_bytes, ring_words, *, n_tags=32, max_read_request=512,
+                 max_len=None, seq_depth=None):
+        check_pow2("data_bytes", data_bytes, 8, 64)
+        if not isinstance(ring_words, (list, tuple)) or not 1 <= len(ring_words) <= 16:
+            raise ValueError(f"ring_words must be a list of 1 to 16 ring sizes, not {ring_words!r}")
+        check_int("n_tags", n_tags, 1, 256)
+        check_pow2("max_read_request", max_read_request, 64, 4096)
+        if max_read_request < data_bytes:
+            raise ValueError(f"max_read_request must be at least data_bytes ({data_bytes}), "
+                             f"not {max_read_request!r}")
+        n = len(ring_words)
+        max_len = [DMA_MAX_LEN] * n if max_len is None else list(max_len)
+        if len(max_len) != n:
+            raise ValueError(f"max_len must have one entry per client ({n}), not {max_len!r}")
+        for c, (words, ml) in enumerate(zip(ring_words, max_len)):
+            check_int(f"max_len[{c}]", ml, 1, DMA_MAX_LEN)
+            need = -(-min(max_read_request, ml) // data_bytes) + 1
+            check_pow2(f"ring_words[{c}]", words, max(4, 1 << ceil_log2(need)), 1 << 16)
+        if seq_depth is None:
+            seq_depth = 1 << ceil_log2(max(2, n_tags))
+        check_pow2("seq_depth", seq_depth, 2, 1024)
+        self.data_bytes = data_bytes
+        self.ring_words = list(ring_words)
+        self.max_len = max_len
+        self.n_tags = n_tags
+        self.mrrs = max_read_request
+        self.seq_depth = seq_depth
+        super().__init__({
+            "rd": In(DmaReadPort(data_bytes)).array(n),
+            "mrd": Out(stream.Signature(MRD_OUT)),
+            "cpl": In(TlpUp(data_bytes)),
+            "w_accepted": In(16),
+            "stat_bad": Out(1),
+            "tags_free": Out(range(n_tags + 1)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.data_bytes
+        lw = exact_log2(W)
+        n = len(self.ring_words)
+        NT = self.n_tags
+        DS = self.seq_depth
+        ls = exact_log2(DS)
+        MRRS = self.mrrs
+        cb = max(1, ceil_log2(n))
+        xbits = max(exact_log2(d) for d in self.ring_words) + lw + 1
+
+        # ---- tag pool and tag table -------------------------------------------------------
+        free = Signal(NT, init=(1 << NT) - 1)
+        tag_any, tag_pick = _first_set(m, free, NT, "tag")
+        m.d.comb += self.tags_free.eq(sum(free[i] for i in range(NT)))
+        TAG_ENTRY = data.StructLayout({"client": cb, "seq": ls, "xbase": xbits, "s_lo": lw})
+        m.submodules.tagtab = tagtab = Memory(shape=TAG_ENTRY, depth=NT, init=[])
+        tt_wr = tagtab.write_port()
+        tt_rd = tagtab.read_port(domain="comb")
+        free_set = Signal(NT)
+        free_clr = Signal(NT)
+        m.d.sync += free.eq((free & ~free_clr) | free_set)
+
+        # ---- MRd output register -----------------------------------------------------------
+        mrd_v = Signal()
+        m.d.comb += self.mrd.valid.eq(mrd_v)
+        mrd_free = ~mrd_v | self.mrd.ready
+        with m.If(self.mrd.ready):
+            m.d.sync += mrd_v.eq(0)
+
+        # ---- per client: request registers, chunk issue, ring, delivery -------------------
+        can = []
+        issue = []           # per client: the chunk is issued this cycle
+        clients = []
+        CHUNK = data.StructLayout({"dend": 17, "last": 1})
+        for c, D in enumerate(self.ring_words):
+            lD = exact_log2(D)
+            port = self.rd[c]
+            st = type("Client", (), {})()
+            clients.append(st)
+            # request being split
+            busy = Signal(name=f"c{c}_busy")
+            s_addr = Signal(64, name=f"c{c}_s")        # next byte to request
+            off = Signal(17, name=f"c{c}_off")        # s - request address
+            rlen = Signal(17, name=f"c{c}_len")
+            base = Signal(lD + 1, name=f"c{c}_base")  # ring word of the request's byte 0
+            after = Signal(16, name=f"c{c}_after")
+            alloc = Signal(lD + 1, name=f"c{c}_alloc")  # next request's base
+            seq = Signal(ls + 1, name=f"c{c}_seq")      # next TLP number
+            hseq = Signal(ls + 1, name=f"c{c}_hseq")    # oldest TLP not yet passed
+            done = Signal(DS, name=f"c{c}_done")
+            errv = Signal(DS, name=f"c{c}_errv")
+            cp = Signal(lD + 1, name=f"c{c}_cp")        # words complete (deliverable)
+            dp = Signal(lD + 1, name=f"c{c}_dp")        # words fetched for delivery
+            st.done_set = Signal(DS, name=f"c{c}_done_set")
+            st.err_set = Signal(DS, name=f"c{c}_err_set")
+
+            m.submodules[f"c{c}_desc"] = desc = SyncFIFOBuffered(
+                width=14 + lw + 1 + port.rd.payload.tag.shape().width, depth=DS)
+            m.submodules[f"c{c}_stat"] = statq = SyncFIFOBuffered(width=1, depth=DS)
+            m.submodules[f"c{c}_chunks"] = chunks = Memory(shape=CHUNK, depth=DS, init=[])
+            ch_wr = chunks.write_port()
+            ch_rd = chunks.read_port(domain="comb")
+
+            # -- accept a request when idle
+            req = port.req.payload
+            nw_req = Signal(15, name=f"c{c}_nw_req")
+            m.d.comb += nw_req.eq((req.len + (W - 1)) >> lw)
+            lastn = Signal(lw + 1, name=f"c{c}_lastn")
+            m.d.comb += lastn.eq(req.len - ((nw_req - 1) << lw))
+            m.d.comb += [
+                port.req.ready.eq(~busy & desc.w_rdy),
+                desc.w_data.eq(Cat(nw_req[:14], lastn, req.tag)),
+                desc.w_en.eq(port.req.valid & port.req.ready),
+            ]
+            with m.If(port.req.valid & port.req.ready):
+                m.d.sync += [busy.eq(1), s_addr.eq(req.addr), off.eq(0), rlen.eq(req.len),
+                             base.eq(alloc), alloc.eq(alloc + nw_req), after.eq(self.w_accepted)]
+
+            # -- the next chunk of the request
+            rem = Signal(17, name=f"c{c}_rem")
+            to_bnd = Signal(range(MRRS + 1), name=f"c{c}_tobnd")
+            clen = Signal(range(MRRS + 1), name=f"c{c}_clen")
+            m.d.comb += [
+                rem.eq(rlen - off),
+                to_bnd.eq(MRRS - s_addr[:exact_log2(MRRS)]),
+                clen.eq(Mux(rem < to_bnd, rem, to_bnd)),
+            ]
+            last = Signal(name=f"c{c}_last")
+            m.d.comb += last.eq(rem <= to_bnd)
+            e_off = Signal(18, name=f"c{c}_eoff")
+            m.d.comb += e_off.eq(off + clen)
+            w1 = Signal(16, name=f"c{c}_w1")           # words of the request filled so far
+            m.d.comb += w1.eq((e_off + (W - 1)) >> lw)
+            res_end = Signal(lD + 1, name=f"c{c}_resend")
+            m.d.comb += res_end.eq(base + w1)
+            used = Signal(lD + 1, name=f"c{c}_used")
+            m.d.comb += used.eq(res_end - dp)
+            space_ok = used <= D
+            seq_ok = (seq - hseq)[:ls + 1] != DS
+            ok = Signal(name=f"c{c}_can")
+            m.d.comb += ok.eq(busy & space_ok & seq_ok)
+            can.append(ok)
+            go = Signal(name=f"c{c}_issue")
+            issue.append(go)
+            dend = Signal(lD + 1, name=f"c{c}_dend")
+            m.d.comb += dend.eq(base + Mux(last, w1, e_off >> lw))
+            st.tt_data = Signal(TAG_ENTRY, name=f"c{c}_tt")
+            m.d.comb += [
+                st.tt_data.client.eq(c),
+                st.tt_data.seq.eq(seq[:ls]),
+                st.tt_data.xbase.eq((base << lw) + off),
+                st.tt_data.s_lo.eq(s_addr[:lw]),
+            ]
+            st.mrd_addr, st.mrd_len, st.after = s_addr, clen, after
+            m.d.comb += [ch_wr.addr.eq(seq[:ls]), ch_wr.data.dend.eq(dend),
+                         ch_wr.data.last.eq(last), ch_wr.en.eq(go)]
+            clr = Signal(DS, name=f"c{c}_clr")
+            with m.If(go):
+                m.d.comb += clr.eq(1 << seq[:ls])
+                m.d.sync += [seq.eq(seq + 1), off.eq(off + clen), s_addr.eq(s_addr + clen)]
+                with m.If(last):
+                    m.d.sync += busy.eq(0)
+
+            # -- passing completed TLPs in order: words become deliverable
+            acc_err = Signal(name=f"c{c}_accerr")
+            m.d.comb += ch_rd.addr.eq(hseq[:ls])
+            head_done = (hseq != seq) & done.bit_select(hseq[:ls], 1)
+            head_err = errv.bit_select(hseq[:ls], 1)
+            m.d.comb += [statq.w_data.eq(acc_err | head_err)]
+            pass_ok = head_done & (~ch_rd.data.last | statq.w_rdy)
+            with m.If(pass_ok):
+                m.d.sync += [hseq.eq(hseq + 1), cp.eq(ch_rd.data.dend)]
+                with m.If(ch_rd.data.last):
+                    m.d.comb += statq.w_en.eq(1)
+                    m.d.sync += acc_err.eq(0)
+                with m.Else():
+                    m.d.sync += acc_err.eq(acc_err | head_err)
+            m.d.sync += [done.eq((done & ~clr) | st.done_set),
+                         errv.eq((errv & ~clr) | st.err_set)]
+
+            # -- ring: two banks of D/2 words, byte-enabled writes
+            bank = []
+            for b in range(2):
+                mem = Memory(shape=8 * W, depth=D // 2, init=[])
+                m.submodules[f"c{c}_bank{b}"] = mem
+                bank.append((mem.write_port(granularity=8), mem.read_port(domain="sync", transparent_for=())))
+            st.bank = bank
+            st.lD = lD
+
+            # -- delivery: one word per cycle, in order
+            d_nw = Signal(14, name=f"c{c}_d_nw")
+            d_lastn = Signal(lw + 1, name=f"c{c}_d_lastn")
+            d_tag = Signal(port.rd.payload.tag.shape().width, name=f"c{c}_d_tag")
+            m.d.comb += Cat(d_nw, d_lastn, d_tag).eq(desc.r_data)
+            dcount = Signal(14, name=f"c{c}_dcount")
+            out_v = Signal(name=f"c{c}_out_v")
+            is_last = dcount + 1 == d_nw
+            fetch = Signal(name=f"c{c}_fetch")
+            avail = (cp != dp)
+            m.d.comb += fetch.eq(avail & desc.r_rdy & (~is_last | statq.r_rdy)
+                                 & (~out_v | port.rd.ready))
+            sel = Signal(name=f"c{c}_sel")
+            o_last = Signal(name=f"c{c}_o_last")
+            o_nb = Signal(lw + 1, name=f"c{c}_o_nb")
+            o_tag = Signal.like(d_tag, name=f"c{c}_o_tag")
+            o_err = Signal(name=f"c{c}_o_err")
+            for b in range(2):
+                m.d.comb += [bank[b][1].addr.eq(dp[1:lD]), bank[b][1].en.eq(fetch)]
+            m.d.comb += [
+                port.rd.valid.eq(out_v),
+                port.rd.payload.data.eq(Mux(sel, bank[1][1].data, bank[0][1].data)),
+                port.rd.payload.nbytes.eq(o_nb),
+                port.rd.payload.last.eq(o_last),
+                port.rd.payload.tag.eq(o_tag),
+                port.rd.payload.err.eq(o_err & o_last),
+            ]
+            with m.If(fetch):
+                m.d.sync += [out_v.eq(1), dp.eq(dp + 1), sel.eq(dp[0]), o_last.eq(is_last),
+                             o_nb.eq(Mux(is_last, d_lastn, W)), o_tag.eq(d_tag),
+                             o_err.eq(statq.r_data)]
+                with m.If(is_last):
+                    m.d.comb += [desc.r_en.eq(1), statq.r_en.eq(1)]
+                    m.d.sync += dcount.eq(0)
+                with m.Else():
+                    m.d.sync += dcount.eq(dcount + 1)
+            with m.Elif(port.rd.ready):
+                m.d.sync += out_v.eq(0)
+
+        # ---- issue: one TLP per cycle, round robin over the clients ---------------------
+        last_c = Signal(range(max(n, 2)), init=n - 1)
+        any_c, pick = round_robin_pick(m, [c & tag_any for c in can], last_c)
+        go_any = any_c & mrd_free
+        m.d.comb += [tt_wr.addr.eq(tag_pick), tt_wr.en.eq(go_any)]
+        with m.Switch(pick):
+            for c in range(n):
+                with m.Case(c):
+                    st = clients[c]
+                    m.d.comb += [issue[c].eq(go_any), tt_wr.data.eq(st.tt_data)]
+                    with m.If(go_any):
+                        m.d.sync += [
+                            self.mrd.payload.hdr.kind.eq(TlpKind.MRD),
+                            self.mrd.payload.hdr.tag.eq(tag_pick),
+                            self.mrd.payload.hdr.addr.eq(st.mrd_addr),
+                            self.mrd.payload.hdr.len.eq(st.mrd_len),
+                            self.mrd.payload.after.eq(st.after),
+                        ]
+        with m.If(go_any):
+            m.d.comb += free_clr.eq(1 << tag_pick)
+            m.d.sync += [mrd_v.eq(1), last_c.eq(pick)]
+
+        # ---- completions: rotate each word into its client's ring -----------------------
+        cpl = self.cpl
+        hdr = cpl.payload.hdr
+        m.d.comb += cpl.ready.eq(1)
+        first = Signal(init=1)          # the next beat starts a TLP
+        beat = cpl.valid
+        with m.If(beat):
+            m.d.sync += first.eq(cpl.payload.last)
+
+        tag_ok = Signal()
+        m.d.comb += tt_rd.addr.eq(hdr.tag)
+        m.d.comb += tag_ok.eq((hdr.tag < NT) & ~free.bit_select(hdr.tag, 1))
+        ent = tt_rd.data
+        # registered state of the TLP in progress
+        r_client = Signal(cb)
+        r_seq = Signal(ls)
+        r_k = Signal(xbits - lw)
+        r_rot = Signal(lw)
+        r_left = Signal(range(4096 // W + 2))    # beats left, the next one included
+        r_end = Signal(lw + 1)                    # bytes of the last beat
+        r_drop = Signal()
+        r_last = Signal()
+        r_err = Signal()
+        r_tag = Signal(8)
+        # values for the current beat
+        k = Signal(xbits - lw)
+        rot = Signal(lw)
+        client = Signal(cb)
+        cseq = Signal(ls)
+        drop = Signal()
+        b_first = Signal(lw + 1)
+        nbeats = Signal(range(4096 // W + 2))
+        endb = Signal(lw + 1)
+        h_lo_w = Signal(lw + 1)
+        x = Signal(xbits)
+        m.d.comb += [
+            h_lo_w.eq((ent.s_lo + hdr.lo)[:lw]),
+            x.eq(ent.xbase + hdr.lo - h_lo_w),
+            nbeats.eq((h_lo_w + hdr.len + (W - 1)) >> lw),
+            endb.eq(Mux(((h_lo_w + hdr.len)[:lw]) == 0, W, (h_lo_w + hdr.len)[:lw])),
+        ]
+        beat_is_last = Signal()
+        with m.If(first):
+            m.d.comb += [k.eq(x >> lw), rot.eq(x[:lw]), client.eq(ent.client),
+                         cseq.eq(ent.seq), drop.eq(~tag_ok), b_first.eq(h_lo_w),
+                         beat_is_last.eq(nbeats <= 1)]
+        with m.Else():
+            m.d.comb += [k.eq(r_k), rot.eq(r_rot), client.eq(r_client), cseq.eq(r_seq),
+                         drop.eq(r_drop), b_first.eq(0), beat_is_last.eq(r_left == 1)]
+        end_here = Mux(first, endb, r_end)
+        # byte enables of this beat (host byte order), then rotated like the data
+        en = Signal(W)
+        lo_mask = Signal(W)
+        hi_mask = Signal(W)
+        m.d.comb += [
+            lo_mask.eq(Const((1 << W) - 1, W) << b_first),
+            hi_mask.eq(Mux(beat_is_last, (Const(1, W + 1) << end_here) - 1, (1 << W) - 1)),
+            en.eq(Mux((hdr.len == 0) & first, 0, lo_mask & hi_mask)),
+        ]
+        wide = Signal(16 * W)
+        wen = Signal(2 * W)
+        m.d.comb += [wide.eq(cpl.payload.data << (rot << 3)), wen.eq(en << rot)]
+        lo_even = ~k[0]
+        for c, st in enumerate(clients):
+            lD = st.lD
+            (w0, _), (w1_, _) = st.bank
+            mine = beat & ~drop & (client == c)
+            row = k[1:lD]
+            # the low half goes to word k, the high half to word k + 1
+            m.d.comb += [
+                w0.addr.eq(Mux(lo_even, row, (k + 1)[1:lD])),
+                w1_.addr.eq(row),
+                w0.data.eq(Mux(lo_even, wide[:8 * W], wide[8 * W:])),
+                w1_.data.eq(Mux(lo_even, wide[8 * W:], wide[:8 * W])),
+                w0.en.eq(Mux(mine, Mux(lo_even, wen[:W], wen[W:]), 0)),
+                w1_.en.eq(Mux(mine, Mux(lo_even, wen[W:], wen[:W]), 0)),
+            ]
+        with m.If(beat):
+            with m.If(first):
+                m.d.sync += [r_client.eq(ent.client), r_seq.eq(ent.seq), r_rot.eq(x[:lw]),
+                             r_left.eq(Mux(nbeats == 0, 0, nbeats - 1)),
+                             r_end.eq(endb), r_drop.eq(~tag_ok), r_last.eq(hdr.last),
+                             r_err.eq(hdr.status != TlpStatus.SC), r_tag.eq(hdr.tag),
+                             r_k.eq((x >> lw) + 1)]
+            with m.Else():
+                m.d.sync += [r_k.eq(r_k + 1), r_left.eq(r_left - 1)]
+        # the TLP's last beat: a completion marked last ends its tag
+        tlp_last = Mux(first, hdr.last, r_last)
+        tlp_err = Mux(first, hdr.status != TlpStatus.SC, r_err)
+        tlp_tag = Mux(first, hdr.tag, r_tag)
+        with m.If(beat & cpl.payload.last):
+            with m.If(drop):
+                m.d.comb += self.stat_bad.eq(1)
+            with m.Elif(tlp_last | tlp_err):
+                m.d.comb += free_set.eq(1 << tlp_tag[:max(1, ceil_log2(NT))])
+                for c, st in enumerate(clients):
+                    with m.If(client == c):
+                        m.d.comb += [st.done_set.eq(1 << cseq),
+                                     st.err_set.eq(Mux(tlp_err, 1 << cseq, 0))]
+        return m
