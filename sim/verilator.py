@@ -17,6 +17,28 @@ and a generated Verilator control file (``.vlt``) makes only the top-level ports
 names given in ``public``, accessible. The ``.vlt`` file is listed before the ``.v`` file
 because the runner takes the top-level language from the last source.
 
+Clock inside the simulation: ``build(..., clock=InternalClock("clk", 4000))`` (or
+``clock=("clk", 4000)``, a period in integer picoseconds) makes the top-level module a
+generated Verilog wrapper with the requested name and every port of the Amaranth design but
+the clock, under the same names. The clock is a ``reg`` of the wrapper toggled by delays
+(``#1999ps``, built with Verilator ``--timing``, whose C++20 coroutines need the
+``_TIMING_MAKEFLAGS`` below), so no cocotb ``Clock`` and no Python run per cycle; the
+Amaranth module is renamed ``<name>_core`` and instantiated as ``core``. The clock stays
+VPI-visible under its name (``await RisingEdge(dut.clk)`` works), and the wrapper holds the
+VPI-visible constants ``simclock_period_ps`` (the period) and ``simclock_compat`` that tell
+a testbench the clock runs by itself (sim/simclock.py reads them). Internal signals of the
+Amaranth top are then reached as ``dut.core.<sig>``; names in ``public`` without a module
+are looked up in ``<name>_core``. The first rising edge of ``clk`` comes after the low
+half period (period - period // 2), and one period apart from then on, at the times of
+cocotb's ``Clock(start_high=False)`` (for an even period). cocotb's Verilator main loop advances to the
+design's next timed event (``eventsPending``/``nextTimeSlot``); the runner passes
+``--timescale 1ns/1ps`` and the delays are written with units (``ps``), so they hold
+whatever the timescale.
+
+``InternalClock(compat=True)`` (the default) keeps what a testbench sees the same as with a
+cocotb ``Clock``; ``compat=False`` is a single clock, whose edge the design has evaluated
+when ``RisingEdge(dut.clk)`` wakes a testbench (sim/simclock.py has the table).
+
 :func:`run` runs a cocotb test module against a build and raises :class:`SimulationFailed`
 with the failing test names and messages (read from ``results.xml``) when a test fails, so
 that a pytest wrapper fails with a readable message.
@@ -38,7 +60,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 __all__ = ["verilator_env", "build", "build_hash", "run", "BuildInfo", "RunResult", "TestResult",
-           "SimulationFailed"]
+           "SimulationFailed", "InternalClock", "CLOCK_MARKER", "COMPAT_MARKER"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,8 +74,65 @@ DEFAULT_ARGS = ("-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-WIDTHEXPAND",
 # precompiled-header rule of designs large enough to be split into several C++ files; a
 # variable given in MAKEFLAGS overrides it. -j2: the machines this runs on have 2 cores.
 _MAKEFLAGS = "-j2 CFG_CXXFLAGS_PCH_I=-include"
+# It leaves the C++ standard and the coroutine flags empty as well: a --timing build (the
+# clock inside the simulation) needs C++20 coroutines, which g++ 12 does not enable by default.
+_TIMING_MAKEFLAGS = "CFG_CXXFLAGS_STD=-std=gnu++20 CFG_CXXFLAGS_COROUTINES=-fcoroutines"
 
 _BUILD_OK = "build.ok"
+
+# Names of the constants the wrapper of an in-simulation clock holds: the period in ps, and
+# 1 when the clock is an InternalClock(compat=True).
+CLOCK_MARKER = "simclock_period_ps"
+COMPAT_MARKER = "simclock_compat"
+
+
+@dataclass(frozen=True)
+class InternalClock:
+    """Generate the clock ``port`` inside the simulation, with a period of ``period_ps``.
+
+    compat  True: the testbench sees the design as with a cocotb ``Clock`` (after
+            ``await RisingEdge(dut.clk)`` it reads the values from before the edge, and what
+            it writes counts from the next edge): the design's own clock rises 1 ps after
+            the VPI-visible ``clk``, which is high for 1 ps only, and every input reaches the
+            design 2 ps after it is written.
+            False: one clock, low then high for half a period each; after
+            ``RisingEdge(dut.clk)`` the design has already evaluated the edge (its registers
+            read their new values).
+    """
+    port: str = "clk"
+    period_ps: int = 4000
+    compat: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.period_ps, int) or isinstance(self.period_ps, bool) \
+                or self.period_ps < 8:
+            raise ValueError(f"period_ps must be an integer number of ps >= 8, "
+                             f"not {self.period_ps!r}")
+        if not isinstance(self.port, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*",
+                                                              self.port):
+            raise ValueError(f"clock port must be a plain Verilog identifier, not {self.port!r}")
+
+    @classmethod
+    def from_mhz(cls, clock_mhz, port="clk", compat=True):
+        """The clock of ``clock_mhz`` MHz (period rounded to the picosecond)."""
+        return cls(port, int(round(1e6 / clock_mhz)), compat)
+
+    @property
+    def low_ps(self):
+        return self.period_ps - self.period_ps // 2
+
+    @property
+    def high_ps(self):
+        return self.period_ps // 2
+
+
+def _as_clock(clock):
+    if clock is None or isinstance(clock, InternalClock):
+        return clock
+    if isinstance(clock, tuple) and len(clock) in (2, 3):
+        return InternalClock(*clock)
+    raise TypeError(f"clock must be None, an InternalClock or a (port, period_ps) tuple, "
+                    f"not {clock!r}")
 
 
 class SimulationFailed(AssertionError):
@@ -113,6 +192,7 @@ class BuildInfo:
     skipped: bool            # True: an existing build was reused, nothing was compiled
     ports: list = field(default_factory=list)   # top-level port names
     build_seconds: float = 0.0
+    clock: InternalClock | None = None           # set: the clock runs inside the simulation
 
 
 @dataclass
@@ -145,14 +225,125 @@ def _verilog_ports(verilog_text, name):
     return [p.strip().lstrip("\\") for p in m.group(1).split(",") if p.strip()]
 
 
-def _vlt_text(name, names):
+_DECL = re.compile(r"^\s*(input|output|inout)\s+(signed\s+)?(\[[^\]]+\]\s*)?(\S+)\s*;",
+                   re.MULTILINE)
+
+
+def _module_body(verilog_text, name):
+    m = re.search(r"^module\s+" + re.escape(name) + r"\s*\(", verilog_text, re.MULTILINE)
+    if m is None:
+        raise ValueError(f"module {name!r} not found in the generated Verilog")
+    end = verilog_text.find("\nendmodule", m.end())
+    return verilog_text[m.start():end if end >= 0 else len(verilog_text)]
+
+
+def _port_decls(verilog_text, name):
+    """``[(direction, range_or_empty, signed, port)]`` of module ``name``, in port order."""
+    body = _module_body(verilog_text, name)
+    decls = {}
+    for d in _DECL.finditer(body):
+        port = d.group(4).lstrip("\\")
+        decls[port] = (d.group(1), (d.group(3) or "").strip(), bool(d.group(2)), port)
+    out = []
+    for port in _verilog_ports(verilog_text, name):
+        if port not in decls:
+            raise ValueError(f"no direction found for port {port!r} of module {name!r}")
+        out.append(decls[port])
+    return out
+
+
+def _vid(port):
+    """A port name as a Verilog identifier (escaped when it is not a plain one)."""
+    return port if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", port) else f"\\{port} "
+
+
+def _clock_wrapper(core_text, name, clock):
+    """Verilog of the wrapper ``name`` around ``<name>_core`` with ``clock`` generated."""
+    core = f"{name}_core"
+    decls = _port_decls(core_text, core)
+    ports = [p for _, _, _, p in decls]
+    if clock.port not in ports:
+        raise ValueError(f"clock port {clock.port!r} is not a port of {name!r} "
+                         f"(ports: {', '.join(ports)})")
+    if dict((p, d) for d, _, _, p in decls)[clock.port] != "input":
+        raise ValueError(f"clock port {clock.port!r} of {name!r} is not an input")
+    for p in ports:
+        if p in (CLOCK_MARKER, COMPAT_MARKER) or p.startswith("simclock__"):
+            raise ValueError(f"{name!r} has a port named {p!r}: the clock wrapper uses "
+                             f"{CLOCK_MARKER!r}, {COMPAT_MARKER!r} and names starting with "
+                             f"'simclock__'")
+    outer = [d for d in decls if d[3] != clock.port]
+    c = clock.port
+    lines = [
+        f"// generated by sim/verilator.py: {c} is generated inside the simulation,",
+        f"// period {clock.period_ps} ps (low {clock.low_ps} ps, then high {clock.high_ps} ps)",
+    ]
+    if clock.compat:
+        lines += ["// compat: the design's clock rises 1 ps after the VPI-visible one and its",
+                  "// inputs arrive 2 ps after they are written, so a testbench sees the design",
+                  "// as with a cocotb Clock; the visible clock is high for 1 ps only"]
+    lines += [
+        f"module {name}({', '.join(_vid(p) for _, _, _, p in outer)});",
+    ]
+    for direction, rng, signed, port in outer:
+        lines.append("  " + " ".join(x for x in (direction, "signed" if signed else "", rng,
+                                                   _vid(port)) if x) + ";")
+
+    lines += [f"  reg {c};", f"  wire [63:0] {CLOCK_MARKER} = 64'd{clock.period_ps};",
+              f"  wire {COMPAT_MARKER} = 1'b{int(clock.compat)};"]
+    conn = {p: _vid(p) for p in ports}
+    lo, hi, period = clock.low_ps, clock.high_ps, clock.period_ps
+    if not clock.compat:
+        lines += ["  initial begin",
+                  f"    {c} = 1'b0;",
+                  "    forever begin",
+                  f"      #{lo}ps {c} = 1'b1;",
+                  f"      #{hi}ps {c} = 1'b0;",
+                  "    end",
+                  "  end"]
+    else:
+        # Two time slots per cycle, as for the plain clock: the visible clock rises at t
+        # (when a testbench's RisingEdge wakes, nothing has moved yet) and falls at t + 1 ps,
+        # when the design's clock rises; the design's clock falls at the next t.
+        lines += ["  reg simclock__clk;",
+                  "  initial begin",
+                  f"    {c} = 1'b0;",
+                  "    simclock__clk = 1'b0;",
+                  f"    #{lo}ps {c} = 1'b1;",
+                  f"    #1ps {c} = 1'b0; simclock__clk = 1'b1;",
+                  "    forever begin",
+                  f"      #{period - 1}ps {c} = 1'b1; simclock__clk = 1'b0;",
+                  f"      #1ps {c} = 1'b0; simclock__clk = 1'b1;",
+                  "    end",
+                  "  end"]
+        conn[c] = "simclock__clk"
+        # What a testbench writes at t reaches the design at t + 2 ps, after its edge.
+        for direction, rng, signed, port in outer:
+            if direction == "input":
+                d = f"simclock__in__{port}"
+                lines.append("  " + " ".join(x for x in ("wire", "signed" if signed else "",
+                                                           rng, _vid(d)) if x) + ";")
+                lines.append(f"  assign #2ps {_vid(d)} = {_vid(port)};")
+                conn[port] = _vid(d)
+    lines += [
+        f"  {core} core (",
+        ",\n".join(f"    .{_vid(p)}({conn[p]})" for p in ports),
+        "  );",
+        "endmodule",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _vlt_text(name, names, read_only=()):
     lines = ["`verilator_config", "// generated by sim/verilator.py: only these are VPI-visible"]
-    for n in names:
-        if "." in n:
-            module, var = n.rsplit(".", 1)
-        else:
-            module, var = name, n
-        lines.append(f'public_flat_rw -module "{module}" -var "{var}"')
+    for kind, group in (("public_flat_rw", names), ("public_flat_rd", read_only)):
+        for n in group:
+            if "." in n:
+                module, var = n.rsplit(".", 1)
+            else:
+                module, var = name, n
+            lines.append(f'{kind} -module "{module}" -var "{var}"')
     return "\n".join(lines) + "\n"
 
 
@@ -180,33 +371,55 @@ def _tail(path, n=60):
     return "\n".join(lines[-n:])
 
 
-def _prepare(top, name, *, ports=None, public=(), extra_args=(), waves=False):
+def _convert(top, name, ports=None):
+    """Amaranth's Verilog of ``top`` as module ``name`` (as every build converts it)."""
     from amaranth.back import verilog as amaranth_verilog
     # No `src` attributes: the Verilog (and so the hash) does not change when Python line
     # numbers or the checkout path change.
     kwargs = {"name": name, "emit_src": False}
     if ports is not None:
         kwargs["ports"] = ports
-    text = amaranth_verilog.convert(top, **kwargs)
-    vlt = _vlt_text(name, list(_verilog_ports(text, name)) + list(public))
+    return amaranth_verilog.convert(top, **kwargs)
+
+
+def _prepare(top, name, *, ports=None, public=(), extra_args=(), waves=False, clock=None):
+    """Verilog text, .vlt text, Verilator arguments and hash of a build."""
+    clock = _as_clock(clock)
+    if clock is None:
+        text = _convert(top, name, ports)
+        vlt = _vlt_text(name, list(_verilog_ports(text, name)) + list(public))
+    else:
+        core = f"{name}_core"
+        core_text = _convert(top, core, ports)
+        wrapper = _clock_wrapper(core_text, name, clock)
+        text = wrapper + "\n" + core_text
+        visible = list(_verilog_ports(wrapper, name))
+        visible += [n if "." in n else f"{core}.{n}" for n in public]
+        # The clock and the marker are read, never written, through VPI.
+        vlt = _vlt_text(name, visible, read_only=[clock.port, CLOCK_MARKER, COMPAT_MARKER])
     args = list(DEFAULT_ARGS) + list(extra_args)
+    if clock is not None:
+        args.append("--timing")
     h = hashlib.sha256()
-    for part in (text, vlt, repr(args), repr(bool(waves)),
-                 importlib.metadata.version("verilator"),
-                 importlib.metadata.version("cocotb"), sys.version):
+    parts = [text, vlt, repr(args), repr(bool(waves)),
+             importlib.metadata.version("verilator"),
+             importlib.metadata.version("cocotb"), sys.version]
+    if clock is not None:          # (builds without the option keep their old hashes)
+        parts.append(repr(clock))
+    for part in parts:
         h.update(part.encode())
         h.update(b"\0")
     return text, vlt, args, h.hexdigest()[:16]
 
 
-def build_hash(top, name, *, ports=None, public=(), extra_args=(), waves=False):
+def build_hash(top, name, *, ports=None, public=(), extra_args=(), waves=False, clock=None):
     """The hash :func:`build` would give (names the build directory), without building."""
     return _prepare(top, name, ports=ports, public=public, extra_args=extra_args,
-                    waves=waves)[3]
+                    waves=waves, clock=clock)[3]
 
 
 def build(top, name, *, ports=None, public=(), cache_root="build/verilator", extra_args=(),
-          waves=False):
+          waves=False, clock=None):
     """Convert ``top`` to Verilog and build a cocotb/Verilator model of it (cached).
 
     top         an Amaranth ``Elaboratable`` (a ``wiring.Component`` needs no ``ports``).
@@ -217,20 +430,24 @@ def build(top, name, *, ports=None, public=(), cache_root="build/verilator", ext
     cache_root  builds go to ``<cache_root>/<name>-<hash>`` (relative: to the repository).
     extra_args  more Verilator arguments.
     waves       build with ``--trace`` (VCD) support.
+    clock       ``None`` (the testbench drives the clock, e.g. with a cocotb ``Clock``) or
+                an :class:`InternalClock` / ``(port, period_ps)``: the clock is generated
+                inside the simulation by a Verilog wrapper (see the module docstring).
 
     Returns a :class:`BuildInfo`; ``skipped`` is True when an existing build was reused.
     """
     import time
 
     verilator_env()
+    clock = _as_clock(clock)
     text, vlt, args, digest = _prepare(top, name, ports=ports, public=public,
-                                       extra_args=extra_args, waves=waves)
+                                       extra_args=extra_args, waves=waves, clock=clock)
     port_names = _verilog_ports(text, name)
 
     cache_root = _resolve(cache_root)
     build_dir = cache_root / f"{name}-{digest}"
     info = BuildInfo(name=name, build_dir=build_dir, hash=digest, skipped=True,
-                     ports=port_names)
+                     ports=port_names, clock=clock)
     with _file_lock(cache_root / f".{name}-{digest}.lock"):
         if (build_dir / _BUILD_OK).is_file() and (build_dir / name).is_file():
             return info
@@ -247,7 +464,8 @@ def build(top, name, *, ports=None, public=(), cache_root="build/verilator", ext
         runner = _lean_verilator_class()()
         runner.log.setLevel(logging.WARNING)
         old_makeflags = os.environ.get("MAKEFLAGS")
-        os.environ["MAKEFLAGS"] = f"{old_makeflags or ''} {_MAKEFLAGS}".strip()
+        makeflags = _MAKEFLAGS + (" " + _TIMING_MAKEFLAGS if clock is not None else "")
+        os.environ["MAKEFLAGS"] = f"{old_makeflags or ''} {makeflags}".strip()
         try:
             runner.build(
                 sources=[vltfile, vfile],     # .vlt first: the last source sets the language
