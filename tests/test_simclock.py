@@ -13,11 +13,14 @@ import pytest
 
 from sim.rawsim import build_raw, cxx_name, raw_cycles_per_s, run_raw
 from sim.verilator import InternalClock, _prepare, build, build_hash, run
+from tests.cocotb.dma_copy import DmaCopy
 from tests.cocotb.tb_simclock import PERIOD_PS, Ticker
 
 TB = "tests.cocotb.tb_simclock"
 TB_TESTS = {"test_start_and_reset", "test_counts_periods", "test_rising_edge",
             "test_timer_wakes_once", "test_clock_mhz_checked", "idle_rate"}
+HOST_TESTS = {"test_random_copies", "test_read_after_write", "test_bandwidth",
+              "test_idle_rate"}
 NAME = "simclock_ticker"
 CLOCKS = {"cocotb": None, "compat": InternalClock("clk", PERIOD_PS),
           "plain": InternalClock("clk", PERIOD_PS, compat=False)}
@@ -37,6 +40,19 @@ def test_simclock_on_verilator(mode, tmp_path):
     assert idle["internal"] == (mode != "cocotb")
     print(f"\n{mode}: idle {idle['cycles_per_s']:,.0f} cycles/s "
           f"(build {'reused' if info.skipped else f'{info.build_seconds:.0f} s'})")
+
+
+def test_host_models_on_internal_clock():
+    """sim/host.py's DMA and MMIO models, which sample after RisingEdge(clk) and expect the
+    values from before the edge, pass tests/cocotb/tb_host.py's tests (random copies with
+    back-pressure, read-after-write ordering, bandwidth) on the DmaCopy design with an
+    InternalClock(compat=True) and no cocotb Clock."""
+    info = build(DmaCopy(data_bytes=8), "dma_copy_w8", clock=InternalClock("clk", 4000))
+    result = run(info, TB, seed=1, extra_env={"SIMCLOCK_HOST_TESTS": "1"},
+                 testcase=sorted(HOST_TESTS))
+    assert result.passed and {t.name for t in result.tests} == HOST_TESTS
+    stats = json.loads((result.test_dir / "idle_rate.json").read_text())
+    print(f"\nDmaCopy W=8, in-simulation clock: idle {stats['idle_cycles_per_s']:,.0f} cycles/s")
 
 
 def test_clock_option_changes_the_hash():

@@ -9,6 +9,7 @@ and writes the wall time to ``$RESULTS_FILE`` (JSON) when that is set. It uses o
 and ``rst``, so it runs on any design (the two-node system too).
 """
 
+import collections.abc
 import json
 import os
 import time
@@ -89,8 +90,7 @@ class _Counted:
         return self
 
 
-# collections.abc.Coroutine, so that cocotb schedules it as one.
-import collections.abc  # noqa: E402
+# A collections.abc.Coroutine, so that cocotb schedules it as one.
 collections.abc.Coroutine.register(_Counted)
 
 
@@ -225,3 +225,13 @@ async def idle_rate(dut):
         with open(os.environ["RESULTS_FILE"], "w") as f:
             json.dump({"cycles": cycles, "wall_s": wall, "cycles_per_s": cycles / wall,
                        "internal": info.internal, "compat": info.compat}, f)
+
+
+# SIMCLOCK_HOST_TESTS=1: the tests of tests/cocotb/tb_host.py (sim/host.py's DMA and MMIO
+# models on the DmaCopy design), unchanged but for their clock and reset, which come from
+# sim/simclock.py: on an InternalClock(compat=True) build they run with no cocotb Clock.
+if os.environ.get("SIMCLOCK_HOST_TESTS") == "1":
+    import tests.cocotb.tb_host as _tb_host
+    _tb_host.start_clock_and_reset = start_clock_and_reset
+    from tests.cocotb.tb_host import (test_bandwidth, test_idle_rate,  # noqa: F401
+                                      test_random_copies, test_read_after_write)
