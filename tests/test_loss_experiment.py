@@ -2,6 +2,8 @@
 
 import csv
 import json
+import pathlib
+import re
 
 import pytest
 
@@ -25,6 +27,18 @@ def test_loss_experiment_small(tmp_path, monkeypatch):
     assert int(rows[2]["retransmits"]) > 0
     assert (tmp_path / "loss.png").stat().st_size > 1000
     assert json.loads((tmp_path / "summary.json").read_text())["experiment"] == "loss"
+    # The testbench ran with the experiment's local ACK timeout.
+    assert json.loads((tmp_path / "raw.json").read_text())["timeout"] == params["timeout"]
+
+
+def test_loss_experiment_timeout_is_the_lossy_tests():
+    """The experiment's default local ACK timeout is the one the lossy tests use (33 us:
+    shorter ones fire spuriously while long messages queue, docs/reliability.md)."""
+    src = (pathlib.Path(__file__).resolve().parent / "cocotb" / "tb_reliability.py").read_text()
+    (tests_timeout,) = re.findall(r'timeout=int\(os\.environ\.get\("TB_TIMEOUT", "(\d+)"\)\)', src)
+    tb_src = pathlib.Path(loss.__file__).with_name("tb_loss.py").read_text()
+    (tb_default,) = re.findall(r'os\.environ\.get\("LOSS_TIMEOUT", "(\d+)"\)', tb_src)
+    assert loss.PARAMS["timeout"] == int(tests_timeout) == int(tb_default) == 3
 
 
 def test_loss_experiment_bad_rates():
