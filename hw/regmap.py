@@ -53,7 +53,7 @@ class Cmd(enum.IntEnum):
 
 
 class CmdStatus(enum.IntEnum):
-    """What ``CMD`` reads back after a command (docs/formats.md, "Command status").
+    """What ``CMD`` reads back after a command (docs/formats.md, "Command interface and status").
 
     ``BUSY`` is the only transient status: the command is still in progress and the driver
     reads ``CMD`` again (this model's commands take effect in one cycle, so its RTL never
@@ -75,6 +75,8 @@ class CmdStatus(enum.IntEnum):
 
 #: Legal modify-QP transitions (IBA 10.3.1, figure 125, RC without SQD/SQE):
 #: RESET->INIT, INIT->INIT, INIT->RTR, RTR->RTS, RTS->RTS, any->ERR, any->RESET.
+#: The RTL is generated from this table; tests/hw/test_context.py checks the RTL against
+#: an oracle of its own (and compares that with Linux's qp_state_table).
 LEGAL_TRANSITIONS = {
     ("RESET", "INIT"), ("INIT", "INIT"), ("INIT", "RTR"), ("RTR", "RTS"), ("RTS", "RTS"),
     *((s, "ERR") for s in ("RESET", "INIT", "RTR", "RTS", "ERR")),
