@@ -13,7 +13,7 @@ any Verilog is generated.
 from dataclasses import dataclass, field, replace
 import math
 
-__all__ = ["NicConfig", "LinkConfig", "HostConfig", "SystemConfig", "PRESETS", "preset"]
+__all__ = ["NicConfig", "LinkConfig", "HostConfig", "SystemConfig", "PRESETS", "preset", "HOST_KINDS"]
 
 
 def _check_range(name, value, lo, hi):
@@ -46,6 +46,15 @@ class NicConfig:
     max_rd_atomic   outstanding READ / atomic requests per QP (ConnectX: 16).
     max_outstanding outstanding packets tracked per QP by the requester.
     pipeline_ns     fixed processing latency added by the NIC per packet in each direction.
+    dma_tags        PCIe read tags: read requests of the DMA engine in flight (PCIe: 32, or
+                    256 with extended tags).
+    max_read_request  PCIe Max_Read_Request_Size: DMA reads are split into requests of at
+                    most this many bytes (a power of two in [128, 4096]).
+    max_payload     PCIe Max_Payload_Size: DMA writes are split into TLPs of at most this
+                    many bytes (a power of two in [128, 4096]).
+    tlp_overhead    bytes of header and framing per TLP on the host link, counted in the
+                    host-interface counters and charged by the link model (PCIe: 20-28).
+    dma_write_outstanding  write TLPs whose response the DMA engine may wait for at once.
     """
 
     data_bytes: int = 64
@@ -58,6 +67,11 @@ class NicConfig:
     max_rd_atomic: int = 16
     max_outstanding: int = 32
     pipeline_ns: float = 0.0
+    dma_tags: int = 32
+    max_read_request: int = 512
+    max_payload: int = 256
+    tlp_overhead: int = 24
+    dma_write_outstanding: int = 32
 
     def __post_init__(self):
         _check_pow2("data_bytes", self.data_bytes, 8, 64)
@@ -71,6 +85,11 @@ class NicConfig:
         _check_range("max_rd_atomic", self.max_rd_atomic, 1, 16)
         _check_pow2("max_outstanding", self.max_outstanding, 2, 256)
         _check_float("pipeline_ns", self.pipeline_ns, 0.0, 100_000.0)
+        _check_range("dma_tags", self.dma_tags, 1, 256)
+        _check_pow2("max_read_request", self.max_read_request, 128, 4096)
+        _check_pow2("max_payload", self.max_payload, 128, 4096)
+        _check_range("tlp_overhead", self.tlp_overhead, 0, 256)
+        _check_pow2("dma_write_outstanding", self.dma_write_outstanding, 2, 256)
 
     @property
     def period_ns(self):
@@ -97,26 +116,64 @@ class LinkConfig:
         _check_float("gbps", self.gbps, 0.1, 1600.0)
 
 
+HOST_KINDS = ("python", "rtl")
+
+
 @dataclass(frozen=True)
 class HostConfig:
-    """Host memory seen from the NIC over PCIe.
+    """The host behind a NIC's PCIe port (docs/host-interface.md).
 
-    dma_read_ns    round trip of a DMA read, request to first data beat.
-    dma_write_ns   posted write until the data is visible in host memory.
-    pcie_gbps      bandwidth of the host interface in each direction.
-    mmio_ns        latency of a doorbell MMIO write reaching the NIC.
+    kind           ``"python"``: host memory and behaviour in Python (sim/host.py) behind an
+                   RTL adapter; ``"rtl"``: host memory in on-chip RAM (hw/host/rtl_host.py),
+                   Python only as the host CPU. Both sit behind the same link model.
+    pcie_ns        one-way latency of the PCIe link and root complex, NIC to host memory
+                   (and back): a write is in host memory this long after it left the NIC.
+    host_mem_ns    from a read request's arrival at the host to its first completion
+                   (the memory access); a DMA read's round trip is 2 * pcie_ns + host_mem_ns.
+    pcie_gbps      bandwidth of the link in each direction, TLP overhead included.
+    mmio_ns        latency of an MMIO access (CPU store or load) reaching the NIC.
+    cpl_bytes      the host answers reads in completions of this size, aligned (a multiple
+                   of the 64-byte read completion boundary, at most max_payload).
+    rtl_mem_bytes  size of the RTL host's memory (power of two); it starts at rtl_mem_base.
+    rtl_mem_base   byte address of the RTL host's memory window (a multiple of its size).
+    reorder        Python host only: probability that a read's completions are sent after
+                   the next read's (seeded completion reordering); 0 keeps arrival order.
     """
 
-    dma_read_ns: float = 500.0
-    dma_write_ns: float = 200.0
+    kind: str = "python"
+    pcie_ns: float = 150.0
+    host_mem_ns: float = 100.0
     pcie_gbps: float = 128.0
     mmio_ns: float = 100.0
+    cpl_bytes: int = 64
+    rtl_mem_bytes: int = 1 << 22
+    rtl_mem_base: int = 0x1000_0000
+    reorder: float = 0.0
 
     def __post_init__(self):
-        _check_float("dma_read_ns", self.dma_read_ns, 0.0, 1_000_000.0)
-        _check_float("dma_write_ns", self.dma_write_ns, 0.0, 1_000_000.0)
+        if self.kind not in HOST_KINDS:
+            raise ValueError(f"kind must be one of {list(HOST_KINDS)}, not {self.kind!r}")
+        _check_float("pcie_ns", self.pcie_ns, 0.0, 1_000_000.0)
+        _check_float("host_mem_ns", self.host_mem_ns, 0.0, 1_000_000.0)
         _check_float("pcie_gbps", self.pcie_gbps, 0.1, 2000.0)
         _check_float("mmio_ns", self.mmio_ns, 0.0, 1_000_000.0)
+        _check_pow2("cpl_bytes", self.cpl_bytes, 64, 4096)
+        _check_pow2("rtl_mem_bytes", self.rtl_mem_bytes, 1 << 12, 1 << 30)
+        if (not isinstance(self.rtl_mem_base, int) or isinstance(self.rtl_mem_base, bool)
+                or self.rtl_mem_base < 0 or self.rtl_mem_base % self.rtl_mem_bytes):
+            raise ValueError(f"rtl_mem_base must be a non-negative multiple of rtl_mem_bytes "
+                             f"({self.rtl_mem_bytes}), not {self.rtl_mem_base!r}")
+        _check_float("reorder", self.reorder, 0.0, 0.99)
+
+    @property
+    def dma_read_ns(self):
+        """Round trip of a one-word DMA read on an idle link, request out to data in."""
+        return 2 * self.pcie_ns + self.host_mem_ns
+
+    @property
+    def dma_write_ns(self):
+        """A DMA write is in host memory this long after it left the NIC."""
+        return self.pcie_ns
 
 
 @dataclass(frozen=True)
@@ -144,7 +201,16 @@ class SystemConfig:
         for part, changes in subs.items():
             if changes:
                 top[part] = replace(getattr(self, part), **changes)
-        return replace(self, **top)
+        new = replace(self, **top)
+        if new.host.cpl_bytes > new.nic.max_payload:
+            raise ValueError(f"host.cpl_bytes must be at most nic.max_payload "
+                             f"({new.nic.max_payload}), not {new.host.cpl_bytes!r}")
+        return new
+
+    def __post_init__(self):
+        if self.host.cpl_bytes > self.nic.max_payload:
+            raise ValueError(f"host.cpl_bytes must be at most nic.max_payload "
+                             f"({self.nic.max_payload}), not {self.host.cpl_bytes!r}")
 
 
 # ConnectX-6 at 200 Gb/s behind one switch, as in the SMART testbed. The latencies are
@@ -155,7 +221,7 @@ _CONNECTX6 = SystemConfig(
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=64, n_cqs=64, n_mrs=16,
                   n_doorbells=16, mtu=4096, max_rd_atomic=16, max_outstanding=32,
                   pipeline_ns=100.0),
-    host=HostConfig(dma_read_ns=400.0, dma_write_ns=200.0, pcie_gbps=128.0, mmio_ns=150.0),
+    host=HostConfig(pcie_ns=150.0, host_mem_ns=100.0, pcie_gbps=128.0, mmio_ns=150.0),
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration="unloaded 8-byte READ round trip 2.35 us (SMART, ASPLOS'24, Fig. 4 at 1 depth)",
 )
@@ -166,7 +232,7 @@ _SMALL = SystemConfig(
     nic=NicConfig(data_bytes=8, clock_mhz=250.0, n_qps=8, n_cqs=8, n_mrs=8,
                   n_doorbells=4, mtu=256, max_rd_atomic=16, max_outstanding=16,
                   pipeline_ns=0.0),
-    host=HostConfig(dma_read_ns=100.0, dma_write_ns=50.0, pcie_gbps=64.0, mmio_ns=20.0),
+    host=HostConfig(pcie_ns=40.0, host_mem_ns=20.0, pcie_gbps=64.0, mmio_ns=20.0),
     link=LinkConfig(latency_ns=100.0, gbps=100.0),
     calibration="none: a test configuration",
 )

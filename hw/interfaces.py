@@ -33,7 +33,7 @@ __all__ = [
     "DMA_TAG_BITS", "QP_LOOKUP", "QP_EVENT", "CQ_EVENT", "CqEvent", "QpErrRequest",
     "DMA_USER_TAG_BITS", "DMA_MAX_LEN", "dma_rd_req_layout", "dma_rd_data_layout", "DmaReadPort",
     "dma_wr_layout", "DMA_WR_DONE", "DmaWritePort", "tlp_down_layout", "tlp_up_layout",
-    "TlpDown", "TlpUp",
+    "TlpDown", "TlpUp", "MMIO_REQ", "MMIO_RDATA", "MmioPort",
 ]
 
 DMA_TAG_BITS = 4
@@ -254,3 +254,18 @@ def TlpDown(data_bytes):
 def TlpUp(data_bytes):
     """Up TLP beats (host -> NIC); the header is valid on the first beat of each TLP."""
     return stream.Signature(tlp_up_layout(data_bytes))
+
+
+#: An MMIO request from the host: a write of ``len`` bytes (8, or 64 for a write-combined
+#: BlueFlame write) at ``addr``, ``data`` packed from byte 0; or a read (``we`` = 0) of the
+#: 64-bit register at ``addr``.
+MMIO_REQ = data.StructLayout({"we": 1, "addr": 16, "len": 7, "data": 512})
+MMIO_RDATA = data.StructLayout({"data": 64})
+
+
+def MmioPort():
+    """The host's MMIO path into a NIC (host side): requests with back-pressure, read data."""
+    return wiring.Signature({
+        "req": Out(stream.Signature(MMIO_REQ)),
+        "rdata": In(stream.Signature(MMIO_RDATA)),
+    })

@@ -134,3 +134,67 @@ class TlpHost:
                                   int(i == len(parts) - 1), bytes(raw)))
         self.completions += len(out)
         return out
+
+
+class PyHost:
+    """What the Python host does per request arriving at its adapter (``hw/host/py_port.py``).
+
+    ``request(hdr, time, words)`` is called once per down TLP (``hdr``: dict of
+    :data:`~hw.formats.TLP_DOWN_HDR`, ``time``: its arrival cycle, ``words``: the MWr's
+    aligned data words as bytes) and returns ``(status, pushes)``: the status of a write's
+    response, and the responses to push to the adapter now, in order (dicts of
+    :func:`~hw.host.py_port.py_cpl_layout` fields; ``data`` as bytes). A read is answered
+    with ``due = time + mem_cycles``. With ``reorder`` > 0 a read's response is held back
+    with that probability and pushed after the next read's (so its completions come later,
+    out of order); ``flush()`` returns a response still held (call it when no request came
+    for a while).
+    """
+
+    def __init__(self, host, *, mem_cycles=0, reorder=0.0, seed=0):
+        import random
+        if not 0.0 <= reorder < 1.0:
+            raise ValueError(f"reorder must be a probability in [0, 1), not {reorder!r}")
+        self.host = host
+        self.mem_cycles = mem_cycles
+        self.reorder = reorder
+        self.rng = random.Random(seed)
+        self.held = None
+        self.reordered = 0
+
+    def response(self, tag, addr, length, due):
+        """The push answering a read (data: aligned words; an error gets no data)."""
+        W = self.host.W
+        st = self.host._status(addr, length, False)
+        self.host.reads += 1
+        if self.host.log is not None:
+            self.host.log.append(("R", addr, length, st))
+        raw = b""
+        if st == TlpStatus.SC:
+            nwords = (addr % W + length + W - 1) // W
+            buf = bytearray([FILL]) * (nwords * W)
+            buf[addr % W:addr % W + length] = self.host.mem.read(addr, length)
+            raw = bytes(buf)
+        else:
+            self.host.errors += 1
+        return {"tag": tag, "status": st.value, "addr": addr & 0xFFF, "len": length,
+                "due": due & 0xFFFFFFFF, "data": raw}
+
+    def request(self, hdr, time, words=b""):
+        from hw.formats import TlpKind
+        if hdr["kind"] == TlpKind.MWR.value:
+            rsp = self.host.write(hdr["tag"], hdr["addr"], hdr["len"], words)
+            return rsp.status.value, []
+        push = self.response(hdr["tag"], hdr["addr"], hdr["len"], time + self.mem_cycles)
+        out = [push]
+        if self.held is not None:
+            out.append(self.held)
+            self.held = None
+            self.reordered += 1
+        elif self.reorder and self.rng.random() < self.reorder:
+            self.held = push
+            out = []
+        return TlpStatus.SC.value, out
+
+    def flush(self):
+        held, self.held = self.held, None
+        return [] if held is None else [held]

@@ -16,6 +16,10 @@ def test_presets_exist():
     ({"mtu": 1500}, r"mtu must be one of 256, 512, 1024, 2048, 4096, not 1500"),
     ({"max_rd_atomic": 17}, r"max_rd_atomic must be an integer in \[1, 16\], not 17"),
     ({"clock_mhz": 0}, r"clock_mhz must be a number in \[1.0, 1000.0\], not 0"),
+    ({"dma_tags": 0}, r"dma_tags must be an integer in \[1, 256\], not 0"),
+    ({"max_read_request": 100}, r"max_read_request must be a power of two in \[128, 4096\], not 100"),
+    ({"max_payload": 8192}, r"max_payload must be a power of two in \[128, 4096\], not 8192"),
+    ({"tlp_overhead": 300}, r"tlp_overhead must be an integer in \[0, 256\], not 300"),
 ])
 def test_bad_nic_parameters(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -25,8 +29,22 @@ def test_bad_nic_parameters(kw, msg):
 def test_bad_link_and_host_parameters():
     with pytest.raises(ValueError, match=r"gbps must be a number in \[0.1, 1600.0\], not -1"):
         LinkConfig(gbps=-1)
-    with pytest.raises(ValueError, match=r"dma_read_ns must be a number"):
-        HostConfig(dma_read_ns="fast")
+    with pytest.raises(ValueError, match=r"pcie_ns must be a number"):
+        HostConfig(pcie_ns="fast")
+    with pytest.raises(ValueError, match=r"kind must be one of \['python', 'rtl'\], not 'fpga'"):
+        HostConfig(kind="fpga")
+    with pytest.raises(ValueError, match=r"cpl_bytes must be a power of two in \[64, 4096\], not 32"):
+        HostConfig(cpl_bytes=32)
+    with pytest.raises(ValueError, match=r"rtl_mem_base must be a non-negative multiple"):
+        HostConfig(rtl_mem_bytes=1 << 20, rtl_mem_base=0x1234)
+    with pytest.raises(ValueError, match=r"host.cpl_bytes must be at most nic.max_payload \(128\)"):
+        preset("small").replace(nic__max_payload=128, host__cpl_bytes=256)
+
+
+def test_host_latencies():
+    """A DMA read's round trip is the link both ways plus the host's memory time."""
+    h = HostConfig(pcie_ns=150.0, host_mem_ns=100.0)
+    assert h.dma_read_ns == 400.0 and h.dma_write_ns == 150.0
 
 
 def test_unknown_preset():

@@ -19,7 +19,16 @@ from hw.formats import CplKind, TlpKind, TlpStatus
 from sim.host import HostMemory
 from sim.tlp_host import TlpHost
 
-__all__ = ["TlpHostSim", "PortMemorySim"]
+__all__ = ["TlpHostSim", "PortMemorySim", "PyPortSim", "ClientsSim", "tick_until"]
+
+
+async def tick_until(ctx, signal):
+    """Tick until ``signal`` is high at a clock edge (``ctx.tick().until()`` without its
+    generator, which a background process may be torn down inside of at the end of a run)."""
+    while True:
+        _, _, v = await ctx.tick().sample(signal)
+        if v:
+            return
 
 
 def _int(v):
@@ -119,7 +128,7 @@ class TlpHostSim:
                                           "data": int.from_bytes(words[b * W:(b + 1) * W], "little"),
                                           "last": int(b == nb - 1)})
                 ctx.set(self.up.valid, 1)
-                await ctx.tick().until(self.up.ready)
+                await tick_until(ctx, self.up.ready)
             ctx.set(self.up.valid, 0)
 
     def add_to(self, sim):
@@ -182,7 +191,7 @@ class PortMemorySim:
                                               "nbytes": len(chunk), "last": int(b == nb - 1),
                                               "tag": t, "err": int(bad and b == nb - 1)})
                     ctx.set(port.rd.valid, 1)
-                    await ctx.tick().until(port.rd.ready)
+                    await tick_until(ctx, port.rd.ready)
                 ctx.set(port.rd.valid, 0)
 
         sim.add_testbench(req, background=True)
@@ -234,3 +243,187 @@ class PortMemorySim:
                 await ctx.tick()
                 self._clock += 1
         sim.add_testbench(tick, background=True)
+
+
+class PyPortSim:
+    """The Python host's side of a :class:`~hw.host.py_port.PyHostPort` (``py_*`` ports of a
+    HostSide), in the Amaranth simulator: the same per-edge protocol as ``sim/host.py``
+    (take a whole TLP per edge, answer it through :class:`sim.tlp_host.PyHost`)."""
+
+    def __init__(self, dut, data_bytes, pyhost, *, max_payload=256, p_ready=1.0, seed=0,
+                 prefix="py_"):
+        self.dut, self.W, self.py = dut, data_bytes, pyhost
+        self.req_bytes = max_payload + data_bytes
+        self.p = lambda name: getattr(dut, prefix + name)
+        self.rng = random.Random(seed)
+        self.p_ready = p_ready
+        self.taken = 0
+
+    async def run(self, ctx):
+        W = self.W
+        p = self.p
+        pushes = []
+        wst = []
+        idle = 0
+        while True:
+            rdy = self.rng.random() < self.p_ready
+            ctx.set(p("req_ready"), rdy)
+            if pushes:
+                q = pushes[0]
+                ctx.set(p("cpl"), {"tag": q["tag"], "status": q["status"], "addr": q["addr"],
+                                   "len": q["len"], "due": q["due"],
+                                   "data": int.from_bytes(q["data"], "little")})
+            ctx.set(p("cpl_valid"), bool(pushes))
+            ctx.set(p("wst_valid"), bool(wst))
+            if wst:
+                ctx.set(p("wst"), wst[0])
+            _, _, rv, rr, req, cv, cr, wv = await ctx.tick().sample(
+                p("req_valid"), p("req_ready"), p("req"), p("cpl_valid"), p("cpl_ready"),
+                p("wst_valid"))
+            if cv and cr:
+                pushes.pop(0)
+            if wv:
+                wst.pop(0)
+            if rv and rr:
+                self.taken += 1
+                idle = 0
+                h = req.hdr
+                hdr = {"kind": _int(h.kind), "tag": _int(h.tag), "addr": _int(h.addr),
+                       "len": _int(h.len)}
+                words = _int(req.data).to_bytes(self.req_bytes, "little")
+                st, out = self.py.request(hdr, _int(req.time), words)
+                if hdr["kind"] == TlpKind.MWR.value:
+                    wst.append(st)
+                pushes += out
+            else:
+                idle += 1
+                if idle == 64:
+                    pushes += self.py.flush()
+
+
+class ClientsSim:
+    """DMA clients: issue ``reads[c]`` = [(addr, len, tag)] on ``rd_ports[c]`` and
+    ``writes[c]`` = [(addr, data, tag)] on ``wr_ports[c]``, with random back-pressure
+    (``p_client``: chance per cycle that a client is willing), and collect what comes back:
+    ``got_rd[c]`` = [(tag, data, err)], ``got_wr[c]`` = [(tag, err)], ``cycles_rd[c]`` /
+    ``cycles_wr[c]``: the cycle each finished. ``before_read(ctx, c, i)`` (async) and
+    ``after_write(c, i)`` hook into the order of requests."""
+
+    def __init__(self, rd_ports, wr_ports, data_bytes, *, reads=None, writes=None, seed=0,
+                 p_client=1.0, before_read=None, after_write=None):
+        self.rd_ports, self.wr_ports, self.W = list(rd_ports), list(wr_ports), data_bytes
+        self.reads = reads or [[] for _ in self.rd_ports]
+        self.writes = writes or [[] for _ in self.wr_ports]
+        self.rng = random.Random(seed)
+        self.p_client = p_client
+        self.before_read, self.after_write = before_read, after_write
+        self.got_rd = [[] for _ in self.rd_ports]
+        self.got_wr = [[] for _ in self.wr_ports]
+        self.cycles_rd = [[] for _ in self.rd_ports]
+        self.cycles_wr = [[] for _ in self.wr_ports]
+        self.events = []
+        self.cycle = 0
+        self.go = True             # the clients start once this is true
+
+    async def _wait_go(self, ctx):
+        while not self.go:
+            await ctx.tick()
+
+    def finished(self):
+        return (all(len(g) == len(r) for g, r in zip(self.got_rd, self.reads))
+                and all(len(g) == len(w) for g, w in zip(self.got_wr, self.writes)))
+
+    def _reader(self, c):
+        port, W, rng = self.rd_ports[c], self.W, self.rng
+
+        async def req(ctx):
+            await self._wait_go(ctx)
+            for i, (a, n, t) in enumerate(self.reads[c]):
+                if self.before_read is not None:
+                    await self.before_read(ctx, c, i)
+                while rng.random() > self.p_client:
+                    await ctx.tick()
+                ctx.set(port.req.payload, {"addr": a, "len": n, "tag": t})
+                ctx.set(port.req.valid, 1)
+                await tick_until(ctx, port.req.ready)
+                self.events.append((self.cycle, "rd_req", c, a))
+                ctx.set(port.req.valid, 0)
+
+        async def resp(ctx):
+            cur = bytearray()
+            while True:
+                ctx.set(port.rd.ready, rng.random() < self.p_client)
+                _, _, v, r, p = await ctx.tick().sample(port.rd.valid, port.rd.ready, port.rd.payload)
+                if v and r:
+                    nb = int(p.nbytes)
+                    assert p.last or nb == W, "a beat before the last is not full"
+                    cur += int(p.data).to_bytes(W, "little")[:nb]
+                    if p.last:
+                        self.got_rd[c].append((int(p.tag), bytes(cur), int(p.err)))
+                        self.cycles_rd[c].append(self.cycle)
+                        cur = bytearray()
+        return req, resp
+
+    def _writer(self, c):
+        port, W, rng = self.wr_ports[c], self.W, self.rng
+
+        async def wr(ctx):
+            await self._wait_go(ctx)
+            for i, (a, data, t) in enumerate(self.writes[c]):
+                nb = (len(data) + W - 1) // W
+                for b in range(nb):
+                    while rng.random() > self.p_client:
+                        ctx.set(port.wr.valid, 0)
+                        await ctx.tick()
+                    chunk = data[b * W:(b + 1) * W]
+                    ctx.set(port.wr.payload, {"addr": a, "len": len(data), "tag": t,
+                                              "data": int.from_bytes(chunk, "little"),
+                                              "nbytes": len(chunk), "last": b == nb - 1})
+                    ctx.set(port.wr.valid, 1)
+                    await tick_until(ctx, port.wr.ready)
+                self.events.append((self.cycle, "wr_handed", c, a))
+                ctx.set(port.wr.valid, 0)
+                if self.after_write is not None:
+                    self.after_write(c, i)
+
+        async def done(ctx):
+            while True:
+                _, _, v, p = await ctx.tick().sample(port.done.valid, port.done.payload)
+                if v:
+                    self.got_wr[c].append((int(p.tag), int(p.err)))
+                    self.cycles_wr[c].append(self.cycle)
+        return wr, done
+
+    def run(self, sim, *, max_cycles=200_000, then=None):
+        """Add the client processes to ``sim``, run until every request is answered (then
+        ``await then(ctx)``), failing after ``max_cycles``."""
+        async def clock(ctx):
+            while True:
+                await ctx.tick()
+                self.cycle += 1
+
+        sim.add_testbench(clock, background=True)
+        for c in range(len(self.rd_ports)):
+            for proc in self._reader(c):
+                sim.add_testbench(proc, background=True)
+        for c in range(len(self.wr_ports)):
+            for proc in self._writer(c):
+                sim.add_testbench(proc, background=True)
+
+        async def main(ctx):
+            while not self.finished():
+                await ctx.tick()
+            if then is not None:
+                await then(ctx)
+
+        async def watchdog(ctx):
+            for _ in range(max_cycles):
+                await ctx.tick()
+            raise AssertionError(
+                f"no progress after {max_cycles} cycles: reads {[len(g) for g in self.got_rd]} "
+                f"of {[len(r) for r in self.reads]}, writes {[len(g) for g in self.got_wr]} of "
+                f"{[len(w) for w in self.writes]}")
+
+        sim.add_testbench(watchdog, background=True)
+        sim.add_testbench(main)
+        sim.run()

@@ -16,7 +16,7 @@ from hw.dma.write_engine import DmaWriteEngine, split_writes
 from hw.formats import TlpStatus
 from sim.host import HostMemory
 from sim.tlp_host import split_completions
-from tests.hw.dma_models import TlpHostSim
+from tests.hw.dma_models import ClientsSim, TlpHostSim
 
 REGION = 1 << 20          # each client reads / writes its own region
 
@@ -51,116 +51,32 @@ def run_host_if(*, W=8, rings=(16, 64, 32), n_write=2, reads=None, writes=None, 
                 lat=(4, 40), p_ready=1.0, p_client=1.0, n_tags=8, mrrs=512, mps=256,
                 fail=None, cpl_bytes=64, max_cycles=200_000, mem=None, before_read=None,
                 after_write=None, max_len=None):
-    """Drive a HostInterface: ``reads[c]`` = [(addr, len, tag)], ``writes[c]`` = [(addr, data,
-    tag)]; returns (per read client [(tag, data, err)], per write client [(tag, err)], host,
-    dut, log of (cycle, event))."""
+    """Drive a HostInterface with :class:`ClientsSim` and a :class:`TlpHostSim`; returns
+    (per read client [(tag, data, err)], per write client [(tag, err)], host, state, events)."""
     dut = HostInterface(W, list(rings), n_write, n_tags=n_tags, max_read_request=mrrs,
                         max_payload=mps, write_outstanding=8, rd_max_len=max_len)
     host = TlpHostSim(dut.down, dut.up, W, mem=mem, seed=seed, lat=lat, p_ready=p_ready,
                       cpl_bytes=cpl_bytes, max_payload=mps, fail=fail)
-    rng = random.Random(seed + 1)
-    reads = reads or [[] for _ in rings]
-    writes = writes or [[] for _ in range(n_write)]
-    got_rd = [[] for _ in rings]
-    got_wr = [[] for _ in range(n_write)]
-    events = []
-    state = {"cycle": 0, "bad": 0}
+    clients = ClientsSim(dut.rd, dut.wr, W, reads=reads, writes=writes, seed=seed + 1,
+                         p_client=p_client, before_read=before_read, after_write=after_write)
+    state = {"bad": 0}
 
-    def reader(c):
-        port = dut.rd[c]
-
-        async def req(ctx):
-            for i, (a, n, t) in enumerate(reads[c]):
-                if before_read is not None:
-                    await before_read(ctx, c, i)
-                while rng.random() > p_client:
-                    await ctx.tick()
-                ctx.set(port.req.payload, {"addr": a, "len": n, "tag": t})
-                ctx.set(port.req.valid, 1)
-                await ctx.tick().until(port.req.ready)
-                events.append((state["cycle"], "rd_req", c, a))
-                ctx.set(port.req.valid, 0)
-
-        async def resp(ctx):
-            cur = bytearray()
-            while len(got_rd[c]) < len(reads[c]):
-                ctx.set(port.rd.ready, rng.random() < p_client)
-                _, _, v, r, p = await ctx.tick().sample(port.rd.valid, port.rd.ready, port.rd.payload)
-                if v and r:
-                    nb = int(p.nbytes)
-                    assert p.last or nb == W, "a beat before the last is not full"
-                    cur += int(p.data).to_bytes(W, "little")[:nb]
-                    if p.last:
-                        got_rd[c].append((int(p.tag), bytes(cur), int(p.err)))
-                        cur = bytearray()
-        return req, resp
-
-    def writer(c):
-        port = dut.wr[c]
-
-        async def wr(ctx):
-            for i, (a, data, t) in enumerate(writes[c]):
-                nb = (len(data) + W - 1) // W
-                for b in range(nb):
-                    while rng.random() > p_client:
-                        ctx.set(port.wr.valid, 0)
-                        await ctx.tick()
-                    chunk = data[b * W:(b + 1) * W]
-                    ctx.set(port.wr.payload, {"addr": a, "len": len(data), "tag": t,
-                                              "data": int.from_bytes(chunk, "little"),
-                                              "nbytes": len(chunk), "last": b == nb - 1})
-                    ctx.set(port.wr.valid, 1)
-                    await ctx.tick().until(port.wr.ready)
-                events.append((state["cycle"], "wr_handed", c, a))
-                ctx.set(port.wr.valid, 0)
-                if after_write is not None:
-                    after_write(c, i)
-
-        async def done(ctx):
-            while len(got_wr[c]) < len(writes[c]):
-                _, _, v, p = await ctx.tick().sample(port.done.valid, port.done.payload)
-                if v:
-                    got_wr[c].append((int(p.tag), int(p.err)))
-        return wr, done
-
-    async def clock(ctx):
+    async def count_bad(ctx):
         while True:
             _, _, bad = await ctx.tick().sample(dut.stat_bad)
-            state["cycle"] += 1
             state["bad"] += bad
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    host.add_to(sim)
-    sim.add_testbench(clock, background=True)
-    for c in range(len(rings)):
-        for proc in reader(c):
-            sim.add_testbench(proc, background=True)
-    for c in range(n_write):
-        for proc in writer(c):
-            sim.add_testbench(proc, background=True)
-
-    def finished():
-        return (all(len(g) == len(r) for g, r in zip(got_rd, reads))
-                and all(len(g) == len(w) for g, w in zip(got_wr, writes)))
-
-    async def main(ctx):
-        while not finished():
-            await ctx.tick()
+    async def drain(ctx):
         for _ in range(max(lat) + 50):        # let the last responses drain
             await ctx.tick()
         state["tags_free"] = ctx.get(dut.rd_engine.tags_free)
 
-    async def watchdog(ctx):
-        for _ in range(max_cycles):
-            await ctx.tick()
-        raise AssertionError(f"no progress after {max_cycles} cycles: reads {[len(g) for g in got_rd]}"
-                             f" of {[len(r) for r in reads]}, writes {[len(g) for g in got_wr]}")
-
-    sim.add_testbench(watchdog, background=True)
-    sim.add_testbench(main)
-    sim.run()
-    return got_rd, got_wr, host, state, events
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    host.add_to(sim)
+    sim.add_testbench(count_bad, background=True)
+    clients.run(sim, max_cycles=max_cycles, then=drain)
+    return clients.got_rd, clients.got_wr, host, state, clients.events
 
 
 def min_ring(W, max_len, mrrs=512):

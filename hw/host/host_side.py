@@ -1,0 +1,131 @@
+"""Everything between one NIC and its host: PCIe link both ways, the host, the MMIO path, events.
+
+::
+
+    NIC down --> PcieLink(down) --> host (RtlHost, or PyHostPort to Python)
+    NIC up   <-- PcieLink(up)   <--
+    NIC mmio <-- MmioMaster <-- mmio_cmd (Python / workload engine)
+    NIC cqe_count --> DelayLine(pcie) --> cqe_events (what the host sees)
+
+The host kind comes from :class:`hw.config.HostConfig` ``kind``: ``"rtl"`` (memory on chip,
+``cpu`` / ``cpu_rdata`` ports for the host CPU) or ``"python"`` (the adapter's ``py_*``
+ports, served by ``sim/host.py``). Both see identical link timing, so a workload gives the
+same completion times on both (checked by tests/test_hosts.py).
+
+``cqe_count`` of the NIC counts the CQEs it has written; the count reaches ``cqe_events``
+after the link latency, as an MSI-X interrupt message would, behind the CQE's own write:
+the host's event line, which Python waits on (a value change) instead of polling.
+
+Ports (NIC side): ``nic_down: In(TlpDown(W))``, ``nic_up: Out(TlpUp(W))``, ``nic_mmio:
+Out(MmioPort())``, ``nic_cqe_count: In(32)``. Host side: ``mmio_cmd``, ``mmio_resp``,
+``cqe_events: Out(32)``, ``stat_down_bytes``, ``stat_up_bytes`` and per kind the ports named
+above.
+"""
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import SystemConfig
+from ..interfaces import MMIO_RDATA, MMIO_REQ, MmioPort, TlpDown, TlpUp
+from ..lib.delay import DelayLine
+from .mmio_master import MmioMaster
+from .pcie_link import PcieLink
+from .py_port import PyHostPort
+from .rtl_host import CPU_RDATA, CPU_REQ, RtlHost
+
+__all__ = ["HostSide", "pcie_params", "MIN_TURNAROUND"]
+
+#: Smallest time, in cycles, from a read's arrival at a host to its first completion: the
+#: Python host's adapter needs four cycles to hand a request to Python and take the answer
+#: back, so both hosts wait at least this long and answer at the same cycle.
+MIN_TURNAROUND = 4
+
+
+def pcie_params(cfg: SystemConfig):
+    """(latency cycles, bytes per cycle) of the PCIe link of this configuration."""
+    nic, host = cfg.nic, cfg.host
+    return nic.cycles(host.pcie_ns), host.pcie_gbps * 1e9 / 8 / (nic.clock_mhz * 1e6)
+
+
+class HostSide(wiring.Component):
+    def __init__(self, cfg: SystemConfig, *, py_depth=None):
+        if not isinstance(cfg, SystemConfig):
+            raise TypeError(f"cfg must be a SystemConfig, not {cfg!r}")
+        self.cfg = cfg
+        nic, host = cfg.nic, cfg.host
+        W = nic.data_bytes
+        lat, rate = pcie_params(cfg)
+        self.links = (PcieLink(W, "down", lat, rate, nic.tlp_overhead),
+                      PcieLink(W, "up", lat, rate, nic.tlp_overhead))
+        self.mmio = MmioMaster(nic.cycles(host.mmio_ns))
+        mem_cycles = max(MIN_TURNAROUND, nic.cycles(host.host_mem_ns))
+        ports = {
+            "nic_down": In(TlpDown(W)),
+            "nic_up": Out(TlpUp(W)),
+            "nic_mmio": Out(MmioPort()),
+            "nic_cqe_count": In(32),
+            "mmio_cmd": In(stream.Signature(MMIO_REQ)),
+            "mmio_resp": Out(stream.Signature(MMIO_RDATA)),
+            "cqe_events": Out(32),
+            "stat_down_bytes": Out(16),
+            "stat_up_bytes": Out(16),
+        }
+        if host.kind == "rtl":
+            self.host = RtlHost(W, mem_bytes=host.rtl_mem_bytes, base=host.rtl_mem_base,
+                                mem_cycles=min(mem_cycles, 65535), cpl_bytes=host.cpl_bytes,
+                                max_read_request=nic.max_read_request,
+                                max_payload=nic.max_payload,
+                                read_queue=max(2, 1 << (nic.dma_tags - 1).bit_length()))
+            ports["cpu"] = In(stream.Signature(CPU_REQ))
+            ports["cpu_rdata"] = Out(stream.Signature(CPU_RDATA))
+        else:
+            depth = py_depth or max(2, 1 << (nic.dma_tags - 1).bit_length())
+            self.host = PyHostPort(W, max_payload=nic.max_payload,
+                                   max_read_request=nic.max_read_request,
+                                   cpl_bytes=host.cpl_bytes, depth=depth)
+            self.mem_cycles = mem_cycles
+            for name, member in self.host.signature.members.items():
+                if name not in ("down", "up"):
+                    ports[f"py_{name}"] = member
+        self.events = DelayLine(data.StructLayout({"n": 1}), lat, 64)
+        super().__init__(ports)
+
+    def elaborate(self, platform):
+        m = Module()
+        down, up = self.links
+        m.submodules.link_down = down
+        m.submodules.link_up = up
+        m.submodules.host = host = self.host
+        m.submodules.mmio = mmio = self.mmio
+        wiring.connect(m, wiring.flipped(self.nic_down), down.i)
+        wiring.connect(m, down.o, host.down)
+        wiring.connect(m, host.up, up.i)
+        wiring.connect(m, up.o, wiring.flipped(self.nic_up))
+        wiring.connect(m, wiring.flipped(self.mmio_cmd), mmio.cmd)
+        wiring.connect(m, mmio.resp, wiring.flipped(self.mmio_resp))
+        wiring.connect(m, mmio.nic, wiring.flipped(self.nic_mmio))
+        m.d.comb += [self.stat_down_bytes.eq(down.stat_bytes), self.stat_up_bytes.eq(up.stat_bytes)]
+        if self.cfg.host.kind == "rtl":
+            wiring.connect(m, wiring.flipped(self.cpu), host.cpu)
+            wiring.connect(m, host.cpu_rdata, wiring.flipped(self.cpu_rdata))
+        else:
+            for name, member in host.signature.members.items():
+                if name in ("down", "up"):
+                    continue
+                ours = getattr(self, f"py_{name}")
+                if member.flow == In:
+                    m.d.comb += getattr(host, name).eq(ours)
+                else:
+                    m.d.comb += ours.eq(getattr(host, name))
+
+        # the host's event line: every CQE the NIC wrote, one link latency later
+        m.submodules.events = ev = self.events
+        seen = Signal(32)
+        m.d.comb += ev.i.valid.eq(seen != self.nic_cqe_count)
+        with m.If(ev.i.valid & ev.i.ready):
+            m.d.sync += seen.eq(seen + 1)
+        m.d.comb += ev.o.ready.eq(1)
+        with m.If(ev.o.valid):
+            m.d.sync += self.cqe_events.eq(self.cqe_events + 1)
+        return m
