@@ -16,20 +16,7 @@ import math
 __all__ = ["NicConfig", "LinkConfig", "HostConfig", "SystemConfig", "PRESETS", "preset", "HOST_KINDS"]
 
 
-def _check_range(name, value, lo, hi):
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {value!r}")
-
-
-def _check_pow2(name, value, lo, hi):
-    _check_range(name, value, lo, hi)
-    if value & (value - 1):
-        raise ValueError(f"{name} must be a power of two in [{lo}, {hi}], not {value!r}")
-
-
-def _check_float(name, value, lo, hi):
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a number in [{lo}, {hi}], not {value!r}")
+from .lib.checks import check_int as _check_range, check_number as _check_float, check_pow2 as _check_pow2  # noqa: E402
 
 
 @dataclass(frozen=True)
