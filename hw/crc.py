@@ -18,8 +18,8 @@ bit of ``n`` is set, on the bytes that follow those of the larger stages already
 import functools
 import zlib
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal
+from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, exact_log2
 
@@ -80,9 +80,59 @@ def solve_state(data, target):
     return sol
 
 
+class _MatrixRows(Elaboratable):
+    """The 32 rows of :func:`update_matrix` ``(nbytes)`` as signals ``rows[i]``, read at
+    constant addresses from a ROM (``lib.memory``).
+
+    Several rows share a ROM word (words of at most :attr:`WORD_BITS` bits), each at a multiple
+    of 32 bits so that the slices stay aligned on Verilator's 32-bit words: one read port per
+    row (224 at W=64) made elaboration and simulator set-up 2-3 times slower, and one word per
+    matrix is too wide for the Amaranth simulator at W=64 (it writes the masks of its signals in
+    decimal, which Python refuses beyond 4300 digits, about 14 kbit).
+    A module of its own: the Amaranth simulator compiles the combinational statements of a
+    module into one process that runs again whenever one of its inputs changes, so the
+    constant address assignments would run again at every change in the CRC module.
+    """
+
+    WORD_BITS = 4096
+
+    def __init__(self, nbytes):
+        self._nbytes = nbytes
+        self.rows = [Signal(32 + 8 * nbytes, name=f"row_{i}") for i in range(32)]
+
+    def elaborate(self, platform):
+        m = Module()
+        width = 32 + 8 * self._nbytes
+        stride = -(-width // 32) * 32
+        per_word = 32
+        while per_word > 1 and per_word * stride > self.WORD_BITS:
+            per_word //= 2
+        rows = update_matrix(self._nbytes)
+        words = [sum(rows[a * per_word + j] << (j * stride) for j in range(per_word))
+                 for a in range(32 // per_word)]
+        m.submodules.rom = rom = memory.Memory(shape=per_word * stride, depth=len(words),
+                                               init=words)
+        for a in range(len(words)):
+            port = rom.read_port(domain="comb")
+            m.d.comb += port.addr.eq(a)
+            for j in range(per_word):
+                m.d.comb += self.rows[a * per_word + j].eq(
+                    port.data[j * stride:j * stride + width])
+        return m
+
+
 def _apply(m, state, data, nbytes):
+    """Raw update of ``state`` over the ``nbytes`` bytes of ``data`` (combinational).
+
+    Output bit ``i`` is ``(Cat(state, data) & row[i]).xor()`` with the rows of
+    :func:`update_matrix` coming from a ROM (:class:`_MatrixRows`), not from ``Const``
+    operands, which the Verilog back end would bit-blast (see the module docstring).
+    """
+    m.submodules[f"matrix_{nbytes}"] = mat = _MatrixRows(nbytes)
+    # Not a named signal: in the Amaranth simulator it would add one settling step per stage
+    # (40 % more time); Verilator and Yosys merge the copies of the operand of every row.
     vec = Cat(state, data)
-    return Cat(*[(vec & Const(mask, 32 + 8 * nbytes)).xor() for mask in update_matrix(nbytes)])
+    return Cat(*[(vec & row).xor() for row in mat.rows])
 
 
 class Crc32Update(wiring.Component):
