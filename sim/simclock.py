@@ -167,8 +167,9 @@ async def _wait(n, period_ps, clk_handle):
     from cocotb.triggers import RisingEdge, Timer
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(f"n must be a non-negative integer number of cycles, not {n!r}")
-    if n:
-        await Timer(n * period_ps, "ps")
+    if n == 0:
+        return
+    await Timer(n * period_ps, "ps")
     if clk_handle is not None:
         await RisingEdge(clk_handle)
 
@@ -177,10 +178,11 @@ async def wait_cycles(dut, n, *, edge=False, clk="clk", period_ps=None):
     """Wait ``n`` clock periods of ``dut`` with one ``Timer`` (Python wakes up once).
 
     Started right after a rising edge, the Timer ends at the instant of the ``n``-th edge
-    after it, before the simulator has evaluated that edge (see the table in the module
+    after it, before the simulator has evaluated that edge (see "Sampling" in the module
     docstring); a following ``await RisingEdge(dut.clk)`` returns at that same instant.
     edge=True does that await too (a second wake-up): the coroutine then stands right
     after the ``n``-th edge exactly as after ``RisingEdge``, on every kind of clock.
+    ``n == 0`` returns at once.
 
     period_ps  default: the period of the clock :func:`start_clock_and_reset` set up, or of
                the build's in-simulation clock.

@@ -19,7 +19,7 @@ from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from cocotb.simtime import get_sim_time
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import RisingEdge, Timer
 
 import sim.simclock as simclock
 from sim.simclock import start_clock_and_reset, wait_cycles
@@ -30,14 +30,17 @@ RESET_CYCLES = 4
 
 
 class Ticker(wiring.Component):
-    """``count``: rising edges since reset; ``acc``: sum of ``step`` over those edges."""
+    """``count``: rising edges since reset; ``acc``: sum of ``step`` over those edges;
+    ``echo``: ``step`` + 1, combinationally."""
     step: In(8)
     count: Out(32)
     acc: Out(32)
+    echo: Out(8)
 
     def elaborate(self, platform):
         m = Module()
         m.d.sync += [self.count.eq(self.count + 1), self.acc.eq(self.acc + self.step)]
+        m.d.comb += self.echo.eq(self.step + 1)
         return m
 
 
@@ -160,6 +163,25 @@ async def test_rising_edge(dut):
 
 
 @cocotb.test()
+async def test_write_between_edges(dut):
+    """A write between two edges reaches the design's combinational logic at once (a few ps
+    later with compat) and its registers at the next edge, as with a cocotb Clock."""
+    await _start(dut)
+    dut.step.value = 0
+    await RisingEdge(dut.clk)
+    await Timer(PERIOD_PS // 2, "ps")
+    a0 = int(dut.acc.value)
+    dut.step.value = 5
+    await Timer(3, "ps")
+    assert int(dut.echo.value) == 6
+    assert int(dut.acc.value) == a0
+    await RisingEdge(dut.clk)
+    await Timer(3, "ps")
+    assert int(dut.acc.value) == a0 + 5
+    dut.step.value = 0
+
+
+@cocotb.test()
 async def test_timer_wakes_once(dut):
     """A coroutine waiting 5,000 cycles with wait_cycles is resumed once (plus its start),
     twice with edge=True; the same wait as 5,000 RisingEdge awaits resumes it 5,000 times."""
@@ -191,6 +213,8 @@ async def test_timer_wakes_once(dut):
     assert edges.resumes == 5001, edges.resumes
     assert get_sim_time("ps") - t0 == 15000 * PERIOD_PS
     assert int(dut.count.value) - c0 == 15000
+    await wait_cycles(dut, 0, edge=True)     # zero cycles: returns at once
+    assert get_sim_time("ps") - t0 == 15000 * PERIOD_PS
 
 
 @cocotb.test()
@@ -234,4 +258,4 @@ if os.environ.get("SIMCLOCK_HOST_TESTS") == "1":
     import tests.cocotb.tb_host as _tb_host
     _tb_host.start_clock_and_reset = start_clock_and_reset
     from tests.cocotb.tb_host import (test_bandwidth, test_idle_rate,  # noqa: F401
-                                      test_random_copies, test_read_after_write)
+                                      test_random_copies)
