@@ -107,10 +107,11 @@ RETRY_EXC_ERR / RNR_RETRY_EXC_ERR and the QP goes to ERR (and is flushed).
 
 Simplifications: responses that do not match the oldest outstanding message (wrong PSN or
 kind, READ data outside the local buffer) are dropped (``stat_resp_drop``), and so are
-responses for a QP with a QP event waiting to be applied (the
+responses for a QP with a resetting or ERR event waiting to be applied (the
 event resets or flushes the QP anyway); QP events are applied when the send engine is idle
-(packets already queued still leave); an ERR event keeps the queues so that they can be flushed, every other
-event resets them; the ``state`` field of the QP lookup is not used (the state comes from
+(packets already queued still leave); an event to RESET, INIT or RTR resets the send
+queue's state, one to RTS from RTR loads the send PSN, RTS -> RTS changes nothing and ERR
+keeps the queues so that they can be flushed (IBA 10.3.1); the ``state`` field of the QP lookup is not used (the state comes from
 the QP events); a fenced WQE that may not start yet is dropped and fetched again when the
 QP's READ/atomic requests have completed.
 """
@@ -726,6 +727,9 @@ class Requester(wiring.Component):
                                 rnr_wait[ev_sel].eq(0), retry_used[ev_sel].eq(0),
                                 rnr_used[ev_sel].eq(0), rs_skip[ev_sel].eq(0),
                             ]
+                        with m.Elif((ev_state[ev_sel] == formats.QpState.RTS.value) & ~rts[ev_sel]):
+                            # RTR -> RTS: the send queue starts at the given PSN
+                            m.d.sync += npsn[ev_sel].eq(ev_psn[ev_sel])
                         m.d.sync += [
                             rts[ev_sel].eq(ev_state[ev_sel] == formats.QpState.RTS.value),
                             err[ev_sel].eq(ev_state[ev_sel] == formats.QpState.ERR.value),
@@ -953,7 +957,9 @@ class Requester(wiring.Component):
                     rqi = rq[:self.qpn_bits]
                     m.d.sync += [rxm.eq(self.rx.meta.payload), rcur.eq(rqi)]
                     ok = Signal()
-                    m.d.comb += ok.eq((rq < nq) & rts[rqi] & ~err[rqi] & ~ev_pend[rqi]
+                    # a pending reset or ERR leaves nothing for the response to complete
+                    ev_kills = ev_pend[rqi] & (ev_reset[rqi] | (ev_state[rqi] == formats.QpState.ERR.value))
+                    m.d.comb += ok.eq((rq < nq) & rts[rqi] & ~err[rqi] & ~ev_kills
                                       & ~flush_cond.bit_select(rqi, 1))
                     with m.If(ok):
                         m.next = "R_ACK"
@@ -1174,8 +1180,12 @@ class Requester(wiring.Component):
                     ev_pend[eq].eq(1),
                     ev_state[eq].eq(e.state),
                     ev_psn[eq].eq(e.sq_psn),
-                    # a reset requested by any event since the last application sticks
-                    ev_reset[eq].eq((e.state != formats.QpState.ERR)
+                    # RESET, INIT and RTR start the send queue afresh; RTS (from RTR: the
+                    # send PSN is loaded; RTS -> RTS: an attribute change) and ERR keep it
+                    # (IBA 10.3.1). A reset requested by any event since the last
+                    # application sticks.
+                    ev_reset[eq].eq(((e.state != formats.QpState.ERR)
+                                     & (e.state != formats.QpState.RTS))
                                     | (ev_reset[eq] & ~(ev_clear & (ev_sel == eq)))),
                 ]
         with m.If(ev_clear & ~(self.qp_event.valid & (self.qp_event.payload.qpn == ev_sel))):

@@ -102,11 +102,14 @@ immediate the access and length checks come before the receive-queue (RNR) check
 the RNR check comes first (the WQE is needed for the other checks). A receive WQE whose
 length is 0 is not checked against the MR table (like a zero-length RETH).
 
-A ``qp_event`` for a QP (always accepted) rewrites its state row (expected PSN = ``rq_psn``,
-MSN 0, consumer index 0, no message in progress); the receive-queue producer index written
-by ``rq_db`` is kept (receives are posted from INIT on) except on an event with state RESET
-(the QP was created or reset), which clears it. If the event hits the QP of the packet being processed, that packet's
-state write-back and its QP-error request are cancelled (its CQE/ACK are still issued).
+A ``qp_event`` for a QP (always accepted) to RESET, INIT or RTR rewrites its state row
+(expected PSN = ``rq_psn``, MSN 0, consumer index 0, no message in progress); one to RTS or
+ERR leaves it as it is, so that what a QP received in RTR stays received after RTR -> RTS
+and an RTS -> RTS modify changes nothing (IBA 10.3.1). The receive-queue producer index
+written by ``rq_db`` is kept (receives are posted from INIT on) except on an event with state
+RESET (the QP was created or reset), which clears it. If a resetting event hits the QP of the
+packet being processed, that packet's state write-back and its QP-error request are cancelled
+(its CQE/ACK are still issued).
 
 Ports
 -----
@@ -443,7 +446,10 @@ class Responder(wiring.Component):
         m.d.comb += resp.ready.eq(resp_is_read | m_resp_ready)
         ev = self.qp_event.payload
         ev_ok = self.qp_event.valid & ((ev.qpn >> qb) == 0)
-        kill_now = ev_ok & (ev.qpn[:qb] == qpn)
+        # RESET, INIT and RTR start the receive side afresh (RTR: at the given PSN); RTS and
+        # ERR keep its state (IBA 10.3.1: a receive in RTR stays consumed after RTR -> RTS)
+        ev_reset = ev_ok & (ev.state != QpState.RTS) & (ev.state != QpState.ERR)
+        kill_now = ev_reset & (ev.qpn[:qb] == qpn)
 
         with m.FSM(name="rsp") as fsm:
             with m.State("IDLE"):
@@ -795,7 +801,7 @@ class Responder(wiring.Component):
             with m.State("FIN_WB"):
                 with m.If(killed | kill_now):
                     m.next = "IDLE"
-                with m.Elif(~self.qp_event.valid):
+                with m.Elif(~ev_reset):
                     m.d.comb += [st_wr.addr.eq(qpn), st_wr.data.eq(s), st_wr.en.eq(1)]
                     m.next = "IDLE"
                 # else: the write port is taken by an event for another QP this cycle; retry
@@ -946,7 +952,7 @@ class Responder(wiring.Component):
 
         # ---- QP events (always ready, priority on the state write port) -------------
         m.d.comb += self.qp_event.ready.eq(1)
-        with m.If(ev_ok):
+        with m.If(ev_reset):
             m.d.comb += [
                 st_wr.addr.eq(ev.qpn[:qb]),
                 st_wr.data.eq(0),

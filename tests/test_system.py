@@ -26,6 +26,7 @@ CASES = [
     "test_error_send_too_long",
     "test_error_send_queue_overflow",
     "test_error_illegal_transition",
+    "test_modify_keeps_transport_state",
     "test_random_mixed",
     "test_pcap_capture",
 ]

@@ -267,10 +267,59 @@ async def test_error_illegal_transition(dut):
     counters = await sysm.a.read_counters()
     assert counters["OPS_WRITE"] - c0["OPS_WRITE"] == 1, counters
     # ... and RTS -> RTS, legal from RTS and refused from RESET, INIT and ERR, is accepted
-    # (raises CommandError otherwise). Done last, as the RTL's RTS -> RTS resets the QP's
-    # transport state (send-queue indices, PSNs) like a new connection.
+    # (raises CommandError otherwise); test_modify_keeps_transport_state checks it changes
+    # nothing.
     await qp.modify_qp(QpState.RTS)
     assert qp.state == QpState.RTS
+
+
+@cocotb.test()
+async def test_modify_keeps_transport_state(dut):
+    """IBA 10.3.1: RTS -> RTS changes attributes only (the send queue keeps its indices and
+    PSNs: nothing already done is done again), and a SEND received while the responder was in
+    RTR stays received after RTR -> RTS (its PSN and receive queue carry on)."""
+    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
+    a, b = await sysm.pair()
+    sb = Scoreboard(sysm)
+    sb.mirror()
+    la, lk, ra, rk = a["buf"], a["mr"].lkey, b["buf"], b["mr"].rkey
+    await sb.post_send(a["qp"], [SendWR(i, W, (la + 8 * i, 8, lk), ra + 8 * i, rk) for i in range(3)])
+    await sb.check()
+    c0 = await sysm.a.read_counters()
+    await a["qp"].modify_qp(QpState.RTS)
+    await b["qp"].modify_qp(QpState.RTS)
+    await sb.post_send(a["qp"], SendWR(3, W, (la + 24, 8, lk), ra + 24, rk))
+    await sb.check()
+    c1 = await sysm.a.read_counters()
+    assert c1["OPS_WRITE"] - c0["OPS_WRITE"] == 1, "RTS -> RTS made the NIC send old WQEs again"
+    assert [w.wr_id for w in sb.actual[(0, a["qp"].qpn)]] == [0, 1, 2, 3]
+    # A second pair whose responder stays in RTR while it receives a SEND.
+    ha, hb = sysm.a, sysm.b
+    ends = []
+    for h in (ha, hb):
+        pd = h.ctx.alloc_pd()
+        cq = await h.ctx.create_cq(64)
+        buf = h.ctx.alloc(1 << 12, 4096)
+        mr = await h.ctx.reg_mr(pd, buf, 1 << 12, ALL_ACCESS)
+        qp = await h.ctx.create_qp(pd, cq, cq, access=ALL_ACCESS)
+        ends.append({"host": h, "qp": qp, "cq": cq, "pd": pd, "mr": mr, "buf": buf})
+    x, y = ends
+    await x["qp"].set_remote(hb.ctx.node_id, y["qp"].qpn)
+    await y["qp"].set_remote(ha.ctx.node_id, x["qp"].qpn)
+    for st in (QpState.INIT, QpState.RTR, QpState.RTS):
+        await x["qp"].modify_qp(st, sq_psn=5, rq_psn=9)
+    for st in (QpState.INIT, QpState.RTR):
+        await y["qp"].modify_qp(st, sq_psn=9, rq_psn=5)
+    sb2 = Scoreboard(sysm)
+    sb2.mirror()
+    await sb2.post_recv(y["qp"], [RecvWR(50 + i, y["buf"] + 256 * i, 256, y["mr"].lkey) for i in range(2)])
+    await sb2.post_send(x["qp"], SendWR(60, S, (x["buf"], 16, x["mr"].lkey)))
+    await sb2.check()
+    await y["qp"].modify_qp(QpState.RTS)
+    await sb2.post_send(x["qp"], SendWR(61, S, (x["buf"] + 16, 16, x["mr"].lkey)))
+    await sb2.check()
+    assert [(w.wr_id, WcStatus(w.status).name) for w in sb2.actual[(1, y["qp"].qpn)]] == [
+        (50, "SUCCESS"), (51, "SUCCESS")]
 
 
 async def random_wr(rng, sb, wr_id, src, dst, op, area, sizes):

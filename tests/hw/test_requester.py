@@ -1112,7 +1112,8 @@ def test_doorbell_before_event_keeps_order():
         await ctx.tick()
         await ctx.tick()
         assert world.db_q == deque()                         # taken by the doorbell driver
-        await event(1, formats.QpState.RTS.value, 40)        # resets QP 1: pi = ci = 0
+        await event(1, formats.QpState.RESET.value, 0)       # resets QP 1: pi = ci = 0
+        await event(1, formats.QpState.RTS.value, 40)        # (as INIT -> RTR -> RTS would)
         await wait(lambda: len(world.cqes) >= 1)
         for _ in range(300):
             await ctx.tick()

@@ -92,8 +92,21 @@ def pkt(op, q, psn, payload=b"", **kw):
 
 
 def event(q, state, rq_psn, sq_psn=0, race=False):
-    """A modify-QP event; ``race``: issue it while the previous packet is still in flight."""
+    """A modify-QP event; ``race``: issue it while the previous packet is still in flight.
+    An event to RTS here means "(re)connect at rq_psn": :func:`expand_events` turns it into
+    RTR (which resets the receive side, IBA 10.3.1) then RTS (which keeps it)."""
     return ("event", q, state, sq_psn, rq_psn) + (("race",) if race else ())
+
+
+def expand_events(items):
+    out = []
+    for it in items:
+        if it[0] == "event" and it[2] == QpState.RTS:
+            out.append(("event", it[1], QpState.RTR) + it[3:])
+            out.append(("event", it[1], QpState.RTS, it[3], it[4]))
+        else:
+            out.append(it)
+    return out
 
 
 def post(q, slot, wr_id, addr, length, lkey, new_pi, rq_base=None):
@@ -244,7 +257,8 @@ class Model:
                 # old incarnation is cancelled (the new one is not in error)
                 self.errs.pop()
             self.qps[q]["state"] = state
-            self.st[q] = self._fresh(rq_psn)
+            if state not in (QpState.RTS, QpState.ERR):
+                self.st[q] = self._fresh(rq_psn)
         elif kind == "db":
             _, q, pi_, writes = it
             for a, raw in writes:
@@ -539,6 +553,7 @@ def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None, rd_laten
     qps = default_qps() if qps is None else qps
     mrs = default_mrs() if mrs is None else mrs
     mem0 = init_mem() if mem is None else mem
+    items = expand_events(items)
     model = Model(cfg, qps, mrs, bytearray(mem0))
     for it in items:
         model.item(it)
