@@ -192,7 +192,7 @@ def dma_rd_data_layout(data_bytes):
         "nbytes": bits_for(data_bytes),
         "last": 1,
         "tag": DMA_USER_TAG_BITS,
-        "err": 1,          # on the last beat: the host failed some part of the read
+        "err": 1,          # the host failed this beat's part of the read or an earlier one
     })
 
 
@@ -201,8 +201,9 @@ def DmaReadPort(data_bytes):
 
     ``req`` (client -> engine): read ``len`` (1..65536) bytes at ``addr``; ``rd`` (engine ->
     client): the bytes packed from byte 0, ``ceil(len / W)`` beats, in request order, each
-    with the request's ``tag``; ``err`` on the last beat says whether the host answered any
-    part of it with an error status (the data is then not valid).
+    with the request's ``tag``; ``err`` on a beat says the host answered its part of the read
+    or an earlier one with an error status (that data is not valid): on the last beat,
+    whether any part failed.
     """
     return wiring.Signature({
         "req": Out(stream.Signature(dma_rd_req_layout())),

@@ -29,7 +29,9 @@ rules for a requester (PCI Express Base Specification 4.0, 2.2.9 and 2.3.1.1):
   as soon as the words are complete (a word that straddles two TLPs waits for both), so a
   client that stalls stalls only itself, and a slow completion delays only its own client.
 * **Error status.** A completion with a status other than SC ends its TLP; every TLP's status
-  is kept, and the last beat of the client's data carries ``err`` if any part failed.
+  is kept: each beat of the client's data carries ``err`` if its TLP or an earlier one of
+  the request failed (so the last beat says whether any part did, and a request that fits in
+  one TLP has its status on every beat).
 * **Ordering against writes.** Every MRd carries ``after``, the number of client writes the
   write engine had accepted when the client asked for the read; the host interface sends an
   MRd only once that many writes are on the link, so a read never passes a write issued
@@ -175,14 +177,14 @@ class DmaReadEngine(wiring.Component):
             hseq = Signal(ls + 1, name=f"c{c}_hseq")    # oldest TLP not yet passed
             done = Signal(DS, name=f"c{c}_done")
             errv = Signal(DS, name=f"c{c}_errv")
-            cp = Signal(lD + 1, name=f"c{c}_cp")        # words complete (deliverable)
             dp = Signal(lD + 1, name=f"c{c}_dp")        # words fetched for delivery
             st.done_set = Signal(DS, name=f"c{c}_done_set")
             st.err_set = Signal(DS, name=f"c{c}_err_set")
 
             m.submodules[f"c{c}_desc"] = desc = SyncFIFOBuffered(
                 width=14 + lw + 1 + port.rd.payload.tag.shape().width, depth=DS)
-            m.submodules[f"c{c}_stat"] = statq = SyncFIFOBuffered(width=1, depth=DS)
+            # TLPs passed in order, as segments of deliverable words: {end word, error so far}
+            m.submodules[f"c{c}_seg"] = segq = SyncFIFOBuffered(width=lD + 2, depth=DS)
             m.submodules[f"c{c}_chunks"] = chunks = Memory(shape=CHUNK, depth=DS, init=[])
             ch_wr = chunks.write_port()
             ch_rd = chunks.read_port(domain="comb")
@@ -252,12 +254,12 @@ class DmaReadEngine(wiring.Component):
             m.d.comb += ch_rd.addr.eq(hseq[:ls])
             head_done = (hseq != seq) & done.bit_select(hseq[:ls], 1)
             head_err = errv.bit_select(hseq[:ls], 1)
-            m.d.comb += [statq.w_data.eq(acc_err | head_err)]
-            pass_ok = head_done & (~ch_rd.data.last | statq.w_rdy)
+            m.d.comb += segq.w_data.eq(Cat(ch_rd.data.dend[:lD + 1], acc_err | head_err))
+            pass_ok = head_done & segq.w_rdy
             with m.If(pass_ok):
-                m.d.sync += [hseq.eq(hseq + 1), cp.eq(ch_rd.data.dend)]
+                m.d.comb += segq.w_en.eq(1)
+                m.d.sync += hseq.eq(hseq + 1)
                 with m.If(ch_rd.data.last):
-                    m.d.comb += statq.w_en.eq(1)
                     m.d.sync += acc_err.eq(0)
                 with m.Else():
                     m.d.sync += acc_err.eq(acc_err | head_err)
@@ -282,9 +284,13 @@ class DmaReadEngine(wiring.Component):
             out_v = Signal(name=f"c{c}_out_v")
             is_last = dcount + 1 == d_nw
             fetch = Signal(name=f"c{c}_fetch")
-            avail = (cp != dp)
-            m.d.comb += fetch.eq(avail & desc.r_rdy & (~is_last | statq.r_rdy)
-                                 & (~out_v | port.rd.ready))
+            s_end = segq.r_data[:lD + 1]
+            s_err = segq.r_data[lD + 1]
+            avail = segq.r_rdy & (s_end != dp)
+            m.d.comb += fetch.eq(avail & desc.r_rdy & (~out_v | port.rd.ready))
+            # a segment is done when its last word is fetched; one that adds no word (a TLP
+            # ending inside the word where the previous one ended) goes at once
+            m.d.comb += segq.r_en.eq(segq.r_rdy & ((s_end == dp) | (fetch & (dp + 1 == s_end))))
             sel = Signal(name=f"c{c}_sel")
             o_last = Signal(name=f"c{c}_o_last")
             o_nb = Signal(lw + 1, name=f"c{c}_o_nb")
@@ -298,14 +304,14 @@ class DmaReadEngine(wiring.Component):
                 port.rd.payload.nbytes.eq(o_nb),
                 port.rd.payload.last.eq(o_last),
                 port.rd.payload.tag.eq(o_tag),
-                port.rd.payload.err.eq(o_err & o_last),
+                port.rd.payload.err.eq(o_err),
             ]
             with m.If(fetch):
                 m.d.sync += [out_v.eq(1), dp.eq(dp + 1), sel.eq(dp[0]), o_last.eq(is_last),
                              o_nb.eq(Mux(is_last, d_lastn, W)), o_tag.eq(d_tag),
-                             o_err.eq(statq.r_data)]
+                             o_err.eq(s_err)]
                 with m.If(is_last):
-                    m.d.comb += [desc.r_en.eq(1), statq.r_en.eq(1)]
+                    m.d.comb += desc.r_en.eq(1)
                     m.d.sync += dcount.eq(0)
                 with m.Else():
                     m.d.sync += dcount.eq(dcount + 1)

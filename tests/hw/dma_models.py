@@ -320,6 +320,7 @@ class ClientsSim:
         self.got_rd = [[] for _ in self.rd_ports]
         self.got_wr = [[] for _ in self.wr_ports]
         self.cycles_rd = [[] for _ in self.rd_ports]
+        self.beat_errs = [[] for _ in self.rd_ports]   # per read: the err flag of each beat
         self.cycles_wr = [[] for _ in self.wr_ports]
         self.events = []
         self.cycle = 0
@@ -351,6 +352,7 @@ class ClientsSim:
 
         async def resp(ctx):
             cur = bytearray()
+            errs = []
             while True:
                 ctx.set(port.rd.ready, rng.random() < self.p_client)
                 _, _, v, r, p = await ctx.tick().sample(port.rd.valid, port.rd.ready, port.rd.payload)
@@ -358,10 +360,13 @@ class ClientsSim:
                     nb = int(p.nbytes)
                     assert p.last or nb == W, "a beat before the last is not full"
                     cur += int(p.data).to_bytes(W, "little")[:nb]
+                    errs.append(int(p.err))
                     if p.last:
                         self.got_rd[c].append((int(p.tag), bytes(cur), int(p.err)))
                         self.cycles_rd[c].append(self.cycle)
+                        self.beat_errs[c].append(errs)
                         cur = bytearray()
+                        errs = []
         return req, resp
 
     def _writer(self, c):

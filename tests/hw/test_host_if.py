@@ -76,6 +76,7 @@ def run_host_if(*, W=8, rings=(16, 64, 32), n_write=2, reads=None, writes=None, 
     host.add_to(sim)
     sim.add_testbench(count_bad, background=True)
     clients.run(sim, max_cycles=max_cycles, then=drain)
+    state["beat_errs"] = clients.beat_errs
     return clients.got_rd, clients.got_wr, host, state, clients.events
 
 
@@ -201,6 +202,9 @@ def test_errors_reach_the_client():
     got_rd, got_wr, host, state, _ = run_host_if(W=8, rings=(128,), n_write=1, reads=reads,
                                                  writes=writes, mem=mem, fail=fail, seed=3)
     assert [(t, e) for t, _, e in got_rd[0]] == [(1, 0), (2, 1), (3, 1), (4, 0)]
+    # read 2 is two TLPs, [0x4F00, 0x5000) good and [0x5000, 0x5200) failed: err is set on
+    # the beats from the failed TLP on
+    assert state["beat_errs"][0][1] == [0] * (0x100 // 8) + [1] * (0x200 // 8)
     assert got_rd[0][0][1] == before[0x1000:0x1064]
     assert got_rd[0][3][1] == before[0x7000:0x7000 + 2000]
     assert got_wr[0] == [(5, 0), (6, 1), (7, 0)]
