@@ -23,7 +23,9 @@ from one node's ``tx`` to the other node's ``rx``. Two effects are modelled:
   signed) comparison; since the pending entry it looks at is never more than
   ``latency_cycles`` in the future, a stalled output cannot make a stamp wrap.
 
-When the FIFO is full the link back-pressures ``i``. Between the shaper and the delay line
+(The shaper and the delay line are :class:`hw.lib.shaper.Shaper` and
+:class:`hw.lib.delay.DelayLine`, shared with the PCIe link model.) When the FIFO is full the
+link back-pressures ``i``. Between the shaper and the delay line
 the frames pass through :meth:`Link.fault_stage`: with ``faults=True`` a seeded
 :class:`~hw.fault.FaultInjector` (loss, link down, duplication, reordering within a window,
 single-bit corruption caught by the receiver's ICRC check), otherwise nothing. With its
@@ -42,19 +44,17 @@ controls ``fault_seed: In(32)``, ``fault_seed_load: In(1)``, ``fault_loss``, ``f
 
 import math
 
-from amaranth.hdl import Module, Mux, Signal, unsigned
-from amaranth.lib import stream, wiring
-from amaranth.lib.memory import Memory
+from amaranth.hdl import Module
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2
+from amaranth.utils import ceil_log2
 
 from .fault import CONTROL_WIDTHS, CONTROLS, COUNTERS, FaultInjector, check_params
 from .interfaces import BeatStream, beat_layout
+from .lib.delay import DelayLine
+from .lib.shaper import FRAC_BITS, Shaper
 
 __all__ = ["Link", "link_params", "FRAC_BITS"]
-
-#: Fractional bits of the credit accumulator (rate resolution 2**-16 bytes per cycle).
-FRAC_BITS = 16
 
 _MAX_LATENCY = 1 << 24
 _MIN_RATE, _MAX_RATE = 1.0 / 1024, 4096.0
@@ -157,79 +157,14 @@ class Link(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         W = self.data_bytes
-        F = FRAC_BITS
-
-        # ---- serialisation: credit shaper --------------------------------------------------
-        one_beat = W << F
-        cap_busy = one_beat + self.rate_fixed        # while a beat waits for credit
-        credit = Signal(range(cap_busy + 1), init=one_beat)
-        cost = Signal(range(one_beat + 1))
-        shaped = stream.Signature(beat_layout(W)).create()
-
-        m.d.comb += [
-            cost.eq(self.i.payload.nbytes << F),
-            shaped.payload.eq(self.i.payload),
-            shaped.valid.eq(self.i.valid & (credit >= cost)),
-            self.i.ready.eq(shaped.ready & (credit >= cost)),
-        ]
-        spent = Mux(self.i.valid & self.i.ready, cost, 0)
-        after = Signal(range(cap_busy + self.rate_fixed + 1))
-        m.d.comb += after.eq(credit - spent + self.rate_fixed)
-        cap = Mux(self.i.valid, cap_busy, one_beat)
-        m.d.sync += credit.eq(Mux(after > cap, cap, after))
-
-        beats = self.fault_stage(m, shaped)
-
-        # ---- latency: time-stamped FIFO ----------------------------------------------------
-        depth = self.fifo_beats
-        abits = ceil_log2(depth)
-        delay = max(self.effective_latency - 2, 1)    # due-time offset; +2 for the pipeline
-        tbits = bits_for(delay) + 1
-        now = Signal(tbits)
-        m.d.sync += now.eq(now + 1)
-
-        m.submodules.data_mem = data_mem = Memory(shape=beat_layout(W), depth=depth, init=[])
-        m.submodules.ts_mem = ts_mem = Memory(shape=unsigned(tbits), depth=depth, init=[])
-        d_wr = data_mem.write_port()
-        d_rd = data_mem.read_port(domain="sync", transparent_for=())
-        t_wr = ts_mem.write_port()
-        t_rd = ts_mem.read_port(domain="comb")
-
-        wr_ptr = Signal(abits + 1)
-        due_ptr = Signal(abits + 1)
-        rd_ptr = Signal(abits + 1)
-        used = Signal(abits + 1)
-        m.d.comb += used.eq(wr_ptr - rd_ptr)
-
-        push = Signal()
-        m.d.comb += [
-            beats.ready.eq(used != depth),
-            push.eq(beats.valid & beats.ready),
-            d_wr.addr.eq(wr_ptr[:abits]), d_wr.data.eq(beats.payload), d_wr.en.eq(push),
-            t_wr.addr.eq(wr_ptr[:abits]), t_wr.data.eq(now + delay), t_wr.en.eq(push),
-        ]
-        with m.If(push):
-            m.d.sync += wr_ptr.eq(wr_ptr + 1)
-
-        # Due pointer: the oldest entry not yet due; its stamp is at most `delay` ahead of now.
-        wait = Signal(tbits)
-        m.d.comb += [t_rd.addr.eq(due_ptr[:abits]), wait.eq(now - t_rd.data)]
-        with m.If((due_ptr != wr_ptr) & ~wait[-1]):
-            m.d.sync += due_ptr.eq(due_ptr + 1)
-
-        # Output register: the read port's data register is the payload of `o`.
-        fetch = Signal()
-        m.d.comb += [
-            fetch.eq((rd_ptr != due_ptr) & (~self.o.valid | self.o.ready)),
-            d_rd.addr.eq(rd_ptr[:abits]),
-            d_rd.en.eq(fetch),
-            self.o.payload.eq(d_rd.data),
-        ]
-        with m.If(fetch):
-            m.d.sync += [rd_ptr.eq(rd_ptr + 1), self.o.valid.eq(1)]
-        with m.Elif(self.o.ready):
-            m.d.sync += self.o.valid.eq(0)
-
+        # ---- serialisation (credit shaper), faults, latency (time-stamped FIFO) ------------
+        m.submodules.shaper = shaper = Shaper(beat_layout(W), self.bytes_per_cycle, W)
+        m.d.comb += shaper.cost.eq(self.i.payload.nbytes)
+        wiring.connect(m, wiring.flipped(self.i), shaper.i)
+        beats = self.fault_stage(m, shaper.o)
+        m.submodules.delay = delay = DelayLine(beat_layout(W), self.latency_cycles, self.fifo_beats)
+        wiring.connect(m, beats, delay.i)
+        wiring.connect(m, delay.o, wiring.flipped(self.o))
         with m.If(self.o.valid & self.o.ready & self.o.payload.last):
             m.d.sync += self.frames.eq(self.frames + 1)
         return m
