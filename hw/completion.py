@@ -6,8 +6,19 @@ queues"): each work completion becomes a 32-byte :data:`hw.formats.CQE` written 
 ``base + (pi mod 2**log_size) * 32``. The owner bit (flags bit 7) is 1 on the first pass
 through the ring, 0 on the second, and so on, so that the consumer polls for new entries
 without reading a NIC register. The driver returns entries through the CQ doorbell (its
-consumer index); when the ring is full (``pi - ci == 2**log_size``) the completion is
-dropped and the CQ's sticky overflow flag is set (a CQ overrun, IBA 11.6.2 "CQ error").
+consumer index).
+
+CQ errors (IBA C11-37 and C9-218, 11.6.3.1): a CQ whose ring is full when a completion
+arrives (``pi - ci == 2**log_size``: an overrun), or one of whose CQE writes the host
+answered with an error, goes into the error state: one ``CQ_ERR`` asynchronous event is
+raised (``event``), no completion is added to it any more (each one dropped is counted,
+``stat_overflow``) and the QP of every completion that finds it in error is moved to ERR
+(``err_qp``), as "the affected QP shall be moved to the error state". SET_CQ (``cq_event``)
+restarts the CQ out of the error state.
+
+``cqe_count`` counts the CQEs whose write has been handed to the DMA engine (free running):
+the host's event line (``hw/host/host_side.py``) follows it one link latency later, as an
+MSI-X message behind the CQE would.
 
 Producer and consumer indices are 16 bits, free running, so rings of up to 2**15 entries
 are supported.
@@ -16,10 +27,13 @@ Ports
     i0, i1     In(CqeRequest())            completion requests, served round-robin
     cq         Out(Lookup(cqn_bits, CQ_CTX)) combinational CQ context read
     cq_event   In(CqEvent())               always ready: the CQ restarts (pi = ci = 0,
-                                           overflow flag cleared)
+                                           error cleared)
     cq_db      In(stream {cqn: 16, ci: 16}) always ready: new consumer index
-    dma_wr     Out(DmaWrite(W))            the CQE, 32 bytes in 32/W beats
-    overflow   Out(n_cqs)                  sticky overflow flag of each CQ
+    dma_wr     Out(DmaWritePort(W))        the CQE (tag: the CQN), 32 bytes in 32/W beats
+    err_qp     Out(QpErrRequest())         QPs to move to ERR (their CQ is in error)
+    event      Out(AsyncEventStream())     CQ_ERR events
+    cq_err     Out(n_cqs)                  error state of each CQ
+    cqe_count  Out(32)
     stat_cqe, stat_overflow  Out(1)        one-cycle pulses per written / dropped CQE
 """
 
@@ -30,7 +44,8 @@ from amaranth.utils import ceil_log2
 
 from . import formats, regmap
 from .config import NicConfig
-from .interfaces import CqeRequest, CqEvent, DmaWrite, Lookup
+from .interfaces import (AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, DmaWritePort,
+                         Lookup, QpErrRequest)
 
 __all__ = ["Completion", "CQ_DB"]
 
@@ -50,8 +65,11 @@ class Completion(wiring.Component):
             "cq": Out(Lookup(self.cqn_bits, regmap.CQ_CTX)),
             "cq_event": In(CqEvent()),
             "cq_db": In(stream.Signature(CQ_DB)),
-            "dma_wr": Out(DmaWrite(W)),
-            "overflow": Out(cfg.n_cqs),
+            "dma_wr": Out(DmaWritePort(W)),
+            "err_qp": Out(QpErrRequest()),
+            "event": Out(AsyncEventStream()),
+            "cq_err": Out(cfg.n_cqs),
+            "cqe_count": Out(32),
             "stat_cqe": Out(1),
             "stat_overflow": Out(1),
         })
@@ -63,11 +81,13 @@ class Completion(wiring.Component):
         n = cfg.n_cqs
         nbeats = max(1, formats.CQE_BYTES // W)
         beat_bytes = min(W, formats.CQE_BYTES)
+        wr, done = self.dma_wr.wr, self.dma_wr.done
 
         pi = Array(Signal(16, name=f"pi{i}") for i in range(n))
         ci = Array(Signal(16, name=f"ci{i}") for i in range(n))
-        ovf = Array(Signal(name=f"ovf{i}") for i in range(n))
-        m.d.comb += self.overflow.eq(Cat(*ovf))
+        bad = Signal(n)            # CQ in error
+        told = Signal(n)           # its CQ_ERR event has been raised
+        m.d.comb += self.cq_err.eq(bad)
 
         cur = Signal(self.cqn_bits)
         cqe = Signal(formats.CQE)
@@ -88,11 +108,24 @@ class Completion(wiring.Component):
         owner = Signal()
         m.d.comb += owner.eq(~(pi[cur] >> ctx.log_size)[0])
 
+        # a CQ in error whose event has not been raised yet
+        untold = bad & ~told
+        ev_any = Signal()
+        ev_cq = Signal(self.cqn_bits)
+        for i in reversed(range(n)):
+            with m.If(untold[i]):
+                m.d.comb += [ev_any.eq(1), ev_cq.eq(i)]
+        set_bad = Signal(n)            # overrun or completion for a CQ in error
+        set_bad_wr = Signal(n)         # a CQE write failed
+        set_told = Signal(n)
+
         with m.FSM():
             with m.State("IDLE"):
                 take1 = Signal()
                 m.d.comb += take1.eq(self.i1.valid & (prio | ~self.i0.valid))
-                with m.If(take1):
+                with m.If(ev_any):
+                    m.next = "EVENT"
+                with m.Elif(take1):
                     m.d.comb += self.i1.ready.eq(1)
                     m.d.sync += [cur.eq(self.i1.payload.cqn), cqe.eq(self.i1.payload.cqe),
                                  prio.eq(0)]
@@ -102,11 +135,19 @@ class Completion(wiring.Component):
                     m.d.sync += [cur.eq(self.i0.payload.cqn), cqe.eq(self.i0.payload.cqe),
                                  prio.eq(1)]
                     m.next = "LOOK"
-            with m.State("LOOK"):
-                with m.If(full):
-                    m.d.sync += ovf[cur].eq(1)
-                    m.d.comb += self.stat_overflow.eq(1)
+            with m.State("EVENT"):
+                m.d.comb += [self.event.valid.eq(1),
+                             self.event.payload.type.eq(AsyncEventType.CQ_ERR),
+                             self.event.payload.index.eq(ev_cq)]
+                with m.If(self.event.ready):
+                    m.d.comb += set_told.eq(1 << ev_cq)
                     m.next = "IDLE"
+            with m.State("LOOK"):
+                with m.If(full | bad.bit_select(cur, 1)):
+                    # an overrun puts the CQ in error; nothing more is added to it, and the
+                    # QP that needed it goes to ERR
+                    m.d.comb += [self.stat_overflow.eq(1), set_bad.eq(1 << cur)]
+                    m.next = "KILL_QP"
                 with m.Else():
                     flags = Signal(8)
                     m.d.comb += flags.eq((cqe.flags & 0x7F) | (owner << 7))
@@ -120,25 +161,39 @@ class Completion(wiring.Component):
                     ]
                     m.d.comb += self.stat_cqe.eq(1)
                     m.next = "WRITE"
+            with m.State("KILL_QP"):
+                m.d.comb += [self.err_qp.valid.eq(1), self.err_qp.payload.qpn.eq(cqe.qpn)]
+                with m.If(self.err_qp.ready):
+                    m.next = "IDLE"
             with m.State("WRITE"):
                 m.d.comb += [
-                    self.dma_wr.valid.eq(1),
-                    self.dma_wr.payload.addr.eq(addr),
-                    self.dma_wr.payload.len.eq(formats.CQE_BYTES),
-                    self.dma_wr.payload.data.eq(wdata[:8 * beat_bytes]),
-                    self.dma_wr.payload.nbytes.eq(beat_bytes),
-                    self.dma_wr.payload.last.eq(beat == nbeats - 1),
+                    wr.valid.eq(1),
+                    wr.payload.addr.eq(addr),
+                    wr.payload.len.eq(formats.CQE_BYTES),
+                    wr.payload.tag.eq(cur),
+                    wr.payload.data.eq(wdata[:8 * beat_bytes]),
+                    wr.payload.nbytes.eq(beat_bytes),
+                    wr.payload.last.eq(beat == nbeats - 1),
                 ]
-                with m.If(self.dma_wr.ready):
+                with m.If(wr.ready):
                     m.d.sync += [wdata.eq(wdata >> (8 * beat_bytes)), beat.eq(beat + 1)]
                     with m.If(beat == nbeats - 1):
+                        m.d.sync += self.cqe_count.eq(self.cqe_count + 1)
                         m.next = "IDLE"
+
+        # a CQE write the host refused: the CQ is in error (a CQ protection error)
+        with m.If(done.valid & done.payload.err):
+            m.d.comb += set_bad_wr.eq(1 << done.payload.tag[:self.cqn_bits])
 
         # Host-side updates win over the engine's own pi increment in the same cycle.
         m.d.comb += [self.cq_db.ready.eq(1), self.cq_event.ready.eq(1)]
+        clear = Signal(n)
         with m.If(self.cq_db.valid):
             m.d.sync += ci[self.cq_db.payload.cqn[:self.cqn_bits]].eq(self.cq_db.payload.ci)
         with m.If(self.cq_event.valid):
             q = self.cq_event.payload.cqn[:self.cqn_bits]
-            m.d.sync += [pi[q].eq(0), ci[q].eq(0), ovf[q].eq(0)]
+            m.d.sync += [pi[q].eq(0), ci[q].eq(0)]
+            m.d.comb += clear.eq(1 << q)
+        m.d.sync += [bad.eq((bad | set_bad | set_bad_wr) & ~clear),
+                     told.eq((told | set_told) & ~clear)]
         return m

@@ -34,6 +34,7 @@ __all__ = [
     "DMA_USER_TAG_BITS", "DMA_MAX_LEN", "dma_rd_req_layout", "dma_rd_data_layout", "DmaReadPort",
     "dma_wr_layout", "DMA_WR_DONE", "DmaWritePort", "tlp_down_layout", "tlp_up_layout",
     "TlpDown", "TlpUp", "MMIO_REQ", "MMIO_RDATA", "MmioPort",
+    "AsyncEventType", "ASYNC_EVENT", "AsyncEventStream",
 ]
 
 DMA_TAG_BITS = 4
@@ -270,3 +271,15 @@ def MmioPort():
         "req": Out(stream.Signature(MMIO_REQ)),
         "rdata": In(stream.Signature(MMIO_RDATA)),
     })
+
+
+class AsyncEventType:
+    """Affiliated asynchronous events (IBA vol. 1 11.6.3; libibverbs ``ibv_event_type``)."""
+    CQ_ERR = 1        # IBV_EVENT_CQ_ERR: the CQ overran or a CQE write failed (C11-37)
+
+
+ASYNC_EVENT = data.StructLayout({"type": 4, "index": 24})
+
+
+def AsyncEventStream():
+    return stream.Signature(ASYNC_EVENT)

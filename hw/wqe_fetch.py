@@ -6,14 +6,15 @@ Specification vol. 1 rel. 1.4, 11.4 "Work request processing"; the 64-byte eleme
 which come out decoded, one by one, in order.
 
 Every requested WQE has a reserved slot in an internal FIFO of ``depth`` entries, so the
-DMA response is always accepted (never back-pressured): a stalled WQE consumer cannot block
-the host's in-order read responses for other DMA clients. A request is accepted only while
-``count`` slots are free; ``count`` must be in [1, depth].
+DMA data is always accepted at once. A request is accepted only while ``count`` slots are
+free; ``count`` must be in [1, depth]. If the host fails the read (``err`` on the DMA data,
+:func:`~hw.interfaces.DmaReadPort`), every WQE it covered comes out with ``err`` set and its
+contents must not be used (the requester completes it with ``LOC_QP_OP_ERR``).
 
 Ports
     req   In(stream {addr: 64, count: bits_for(depth)})  first WQE's host address, WQEs to read
-    dma   Out(DmaReadClient(W))                           DMA read port (tag 0)
-    wqe   Out(stream WQE)                                 the decoded WQEs, in order
+    dma   Out(DmaReadPort(W))                             DMA read port (tag 0)
+    wqe   Out(stream {wqe: WQE, err: 1})                  the decoded WQEs, in order
 """
 
 from amaranth import *
@@ -23,9 +24,12 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from . import formats
-from .interfaces import DmaReadClient
+from .interfaces import DmaReadPort
 
-__all__ = ["WqeFetch"]
+__all__ = ["WqeFetch", "FETCHED"]
+
+#: A fetched WQE and whether the host failed its read.
+FETCHED = data.StructLayout({"wqe": formats.WQE, "err": 1})
 
 
 class WqeFetch(wiring.Component):
@@ -39,8 +43,8 @@ class WqeFetch(wiring.Component):
         self.depth = depth
         super().__init__({
             "req": In(stream.Signature(data.StructLayout({"addr": 64, "count": bits_for(depth)}))),
-            "dma": Out(DmaReadClient(data_bytes)),
-            "wqe": Out(stream.Signature(formats.WQE)),
+            "dma": Out(DmaReadPort(data_bytes)),
+            "wqe": Out(stream.Signature(FETCHED)),
         })
 
     def elaborate(self, platform):
@@ -49,7 +53,7 @@ class WqeFetch(wiring.Component):
         K = self.depth
         nbeats = formats.WQE_BYTES // W
 
-        m.submodules.fifo = fifo = SyncFIFOBuffered(width=formats.WQE.size, depth=K)
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=FETCHED.size, depth=K)
         reserved = Signal(range(K + 1))      # WQEs requested and not yet taken by the consumer
         take_req = Signal()
         take_out = Signal()
@@ -63,21 +67,24 @@ class WqeFetch(wiring.Component):
             self.req.ready.eq(self.dma.req.ready & (cnt <= K - reserved)),
             take_req.eq(self.req.valid & self.req.ready),
         ]
+        rd = self.dma.rd
 
         # assembly: beats arrive lowest bytes first and are shifted in from the top
         buf = Signal(8 * formats.WQE_BYTES)
         beat = Signal(range(nbeats))
         full = Signal(8 * formats.WQE_BYTES)
         if nbeats == 1:
-            m.d.comb += full.eq(self.dma.resp.payload.data)
+            m.d.comb += full.eq(rd.payload.data)
         else:
-            m.d.comb += full.eq(Cat(buf[8 * W:], self.dma.resp.payload.data))
+            m.d.comb += full.eq(Cat(buf[8 * W:], rd.payload.data))
+        # the DMA engine's err is "this beat or an earlier one of the read failed": the WQE
+        # whose last beat this is failed if it is set
         m.d.comb += [
-            self.dma.resp.ready.eq(1),
-            fifo.w_data.eq(full),
-            fifo.w_en.eq(self.dma.resp.valid & (beat == nbeats - 1)),
+            rd.ready.eq(1),
+            fifo.w_data.eq(Cat(full, rd.payload.err)),
+            fifo.w_en.eq(rd.valid & (beat == nbeats - 1)),
         ]
-        with m.If(self.dma.resp.valid):
+        with m.If(rd.valid):
             m.d.sync += buf.eq(full)
             if nbeats > 1:
                 m.d.sync += beat.eq(Mux(beat == nbeats - 1, 0, beat + 1))

@@ -143,8 +143,8 @@ class PortMemorySim:
     after the request at the earliest, one beat per cycle (``p_gap``: chance of an idle
     cycle). Writes are applied when their last beat is taken and answered on ``done``
     ``lat`` cycles later, in order. ``fail(addr, length, is_write)`` returning true makes a
-    request fail: a read's data is zero and ``err`` set on its last beat, a write changes
-    nothing and its ``done`` has ``err``.
+    request fail as a one-TLP request would in the DMA engine: a read's data is zero and
+    ``err`` set on every beat, a write changes nothing and its ``done`` has ``err``.
     """
 
     def __init__(self, data_bytes, *, mem=None, seed=0, lat=(2, 10), p_ready=1.0, p_gap=0.0,
@@ -155,7 +155,7 @@ class PortMemorySim:
         self.lat, self.p_ready, self.p_gap = lat, p_ready, p_gap
         self.fail = fail
         self.reads = []        # (port name, addr, len, tag)
-        self.writes = []       # (port name, addr, len, tag, ok)
+        self.writes = []       # (port name, addr, len, tag, ok, data)
         self.now = 0
 
     def read_port(self, sim, port, name=""):
@@ -189,7 +189,7 @@ class PortMemorySim:
                     chunk = data[b * W:(b + 1) * W]
                     ctx.set(port.rd.payload, {"data": int.from_bytes(chunk, "little"),
                                               "nbytes": len(chunk), "last": int(b == nb - 1),
-                                              "tag": t, "err": int(bad and b == nb - 1)})
+                                              "tag": t, "err": int(bad)})
                     ctx.set(port.rd.valid, 1)
                     await tick_until(ctx, port.rd.ready)
                 ctx.set(port.rd.valid, 0)
@@ -219,7 +219,7 @@ class PortMemorySim:
                     bad = bool(self.fail and self.fail(a, n, True)) or len(data) != n
                     if not bad:
                         self.mem.write(a, bytes(data))
-                    self.writes.append((name, a, n, t, not bad))
+                    self.writes.append((name, a, n, t, not bad, bytes(data)))
                     done_q.append((self._clock + self.rng.randint(*self.lat), t, bad))
 
         async def done(ctx):

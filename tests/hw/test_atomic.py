@@ -6,83 +6,60 @@ import pytest
 from amaranth.sim import Simulator
 
 from hw.atomic import AtomicUnit, ATOMIC_CAS, ATOMIC_FAA
+from sim.host import HostMemory
+from tests.hw.dma_models import PortMemorySim, tick_until
 
 MASK64 = (1 << 64) - 1
 
 
-def run_atomic(data_bytes, ops, mem, bp, seed=1):
-    """Run ``ops`` (list of (op, addr, compare, swap_add)); return (answers, writes, cycles)."""
+def run_atomic(data_bytes, ops, mem, bp, seed=1, fail=None, errs=None):
+    """Run ``ops`` (list of (op, addr, compare, swap_add)) against ``mem`` (a bytearray)
+    through the shared DMA port model; return (answers, writes, cycles). ``fail`` makes DMA
+    requests fail (see PortMemorySim); ``errs`` (a list) receives each answer's err."""
     rng = random.Random(seed)
     dut = AtomicUnit(data_bytes)
-    W = data_bytes
-    answers, writes = [], []
-    reads = []            # pending response beats: [ready_cycle, data, nbytes, last]
+    host = HostMemory()
+    host.write(0, bytes(mem))
+    dma = PortMemorySim(data_bytes, mem=host, seed=seed, lat=(1, 6) if bp else (1, 1),
+                        p_ready=0.6 if bp else 1.0, p_gap=0.3 if bp else 0.0, fail=fail)
+    answers = []
     result = {}
 
     def p(x):
         return rng.random() < x if bp else True
 
-    async def tb(ctx):
+    async def drive(ctx):
+        for op, addr, cmp_, sa in ops:
+            while not p(0.7):
+                await ctx.tick()
+            ctx.set(dut.i.payload, {"op": op, "addr": addr, "compare": cmp_, "swap_add": sa})
+            ctx.set(dut.i.valid, 1)
+            await tick_until(ctx, dut.i.ready)
+            ctx.set(dut.i.valid, 0)
+
+    async def sink(ctx):
         cyc = 0
-        todo = list(ops)
-        wr_cur = None
-        idle = 0
-        while True:
-            # drive
-            ctx.set(dut.i.valid, bool(todo) and p(0.7))
-            if todo:
-                op, addr, cmp_, sa = todo[0]
-                ctx.set(dut.i.payload, {"op": op, "addr": addr, "compare": cmp_, "swap_add": sa})
-            ctx.set(dut.o.ready, p(0.6))
-            ctx.set(dut.dma_rd.req.ready, p(0.6))
-            ctx.set(dut.dma_wr.ready, p(0.6))
-            have = bool(reads) and reads[0][0] <= cyc and p(0.7)
-            ctx.set(dut.dma_rd.resp.valid, have)
-            if reads:
-                ctx.set(dut.dma_rd.resp.payload,
-                        {"data": reads[0][1], "nbytes": reads[0][2], "last": reads[0][3], "tag": 3})
-            # sample
-            busy = False
-            if ctx.get(dut.i.valid) and ctx.get(dut.i.ready):
-                todo.pop(0)
-                busy = True
-            if ctx.get(dut.o.valid) and ctx.get(dut.o.ready):
-                answers.append(ctx.get(dut.o.payload.orig))
-                busy = True
-            if ctx.get(dut.dma_rd.req.valid) and ctx.get(dut.dma_rd.req.ready):
-                addr, ln = ctx.get(dut.dma_rd.req.payload.addr), ctx.get(dut.dma_rd.req.payload.len)
-                assert ln == 8
-                raw = bytes(mem[addr:addr + ln])     # snapshot at request time
-                lat = cyc + rng.randint(1, 6)
-                for off in range(0, ln, W):
-                    chunk = raw[off:off + W]
-                    reads.append([lat, int.from_bytes(chunk, "little"), len(chunk), off + W >= ln])
-                busy = True
-            if have and ctx.get(dut.dma_rd.resp.ready):
-                reads.pop(0)
-                busy = True
-            if ctx.get(dut.dma_wr.valid) and ctx.get(dut.dma_wr.ready):
-                pl = ctx.get(dut.dma_wr.payload)
-                if wr_cur is None:
-                    wr_cur = [pl.addr, pl.len, b""]
-                wr_cur[2] += int(pl.data).to_bytes(W, "little")[:pl.nbytes]
-                if pl.last:
-                    assert len(wr_cur[2]) == wr_cur[1]
-                    mem[wr_cur[0]:wr_cur[0] + wr_cur[1]] = wr_cur[2]
-                    writes.append((wr_cur[0], wr_cur[2]))
-                    wr_cur = None
-                busy = True
-            idle = 0 if busy else idle + 1
-            if not todo and idle > 40:
-                break
-            await ctx.tick()
+        while len(answers) < len(ops):
+            r = p(0.6)
+            ctx.set(dut.o.ready, r)
+            _, _, v, pl = await ctx.tick().sample(dut.o.valid, dut.o.payload)
             cyc += 1
+            if v and r:
+                answers.append(int(pl.orig))
+                if errs is not None:
+                    errs.append(int(pl.err))
         result["cycles"] = cyc
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    sim.add_testbench(tb)
+    dma.clock(sim)
+    dma.read_port(sim, dut.dma_rd)
+    dma.write_port(sim, dut.dma_wr)
+    sim.add_testbench(drive, background=True)
+    sim.add_testbench(sink)
     sim.run()
+    mem[:] = host.read(0, len(mem))
+    writes = [(a, data) for _, a, n, _, ok, data in dma.writes if ok]
     return answers, writes, result["cycles"]
 
 
@@ -166,3 +143,23 @@ def test_atomic_is_serialized():
 def test_atomic_bad_data_bytes(bad):
     with pytest.raises(ValueError, match=r"data_bytes must be a power of two in \[8, 64\]"):
         AtomicUnit(bad)
+
+
+def test_atomic_errors():
+    """A failed read: err, nothing written; a failed write: err (the host kept the old value);
+    the unit goes on with the next operation."""
+    mem = bytearray(256)
+    mem[0x40:0x48] = (5).to_bytes(8, "little")
+    mem[0x80:0x88] = (9).to_bytes(8, "little")
+
+    def fail(a, n, is_write):
+        return (a == 0x40 and not is_write) or (a == 0x80 and is_write)
+
+    ops = [(ATOMIC_FAA, 0x40, 0, 1), (ATOMIC_FAA, 0x80, 0, 1), (ATOMIC_FAA, 0x48, 0, 3)]
+    errs = []
+    answers, writes, _ = run_atomic(8, ops, mem, bp=True, fail=fail, errs=errs)
+    assert errs == [1, 1, 0]
+    assert answers[1:] == [9, 0]
+    assert int.from_bytes(mem[0x40:0x48], "little") == 5      # not written after a failed read
+    assert int.from_bytes(mem[0x80:0x88], "little") == 9      # the failed write changed nothing
+    assert int.from_bytes(mem[0x48:0x50], "little") == 3

@@ -1,7 +1,9 @@
-"""Completion engine: CQE ring writes, owner bit per pass, full CQ drop, CQ doorbell and event.
+"""Completion engine: CQE ring writes, owner bit per pass, CQ errors (overrun, failed CQE
+write) with their event and the QPs they stop, CQ doorbell and restart.
 
-A Python model of each CQ ring (producer/consumer index, overflow) predicts every DMA write;
-the DMA sink and the two request sources apply random back-pressure.
+A Python model of each CQ ring (producer/consumer index, error state) predicts every DMA
+write, event and QP-error request; the DMA port model and the request sources apply random
+back-pressure.
 """
 
 import random
@@ -14,6 +16,9 @@ from amaranth.sim import Simulator
 from hw import formats, regmap
 from hw.completion import Completion
 from hw.config import NicConfig
+from hw.interfaces import AsyncEventType
+from sim.host import HostMemory
+from tests.hw.dma_models import PortMemorySim, tick_until
 
 CFG = NicConfig(data_bytes=8, mtu=256, n_qps=4, n_mrs=4, n_cqs=4, max_outstanding=8)
 
@@ -45,16 +50,16 @@ def cqe_fields(rng, i):
                 qpn=rng.randrange(4), src_qpn=i, flags=rng.choice([0, 1, 0x81]))
 
 
-def run(cfg, seed, script, cqs, bp=0.3):
-    """script: list of ("cqe", port, cqn, fields) / ("db", cqn, ci) / ("ev", cqn) / ("wait", n)."""
+def run(cfg, seed, script, cqs, bp=0.3, fail=None):
+    """script: list of ("cqe", port, cqn, fields) / ("db", cqn, ci) / ("ev", cqn) / ("wait", n).
+    Returns (writes [(addr, bytes)], stats, events [(type, index)], QPs sent to ERR)."""
     bench = Bench(cfg, cqs)
     dut = bench.dut
     rng = random.Random(seed)
-    W = cfg.data_bytes
-    writes = []          # (addr, bytes)
+    mem = HostMemory()
+    dma = PortMemorySim(cfg.data_bytes, mem=mem, seed=seed, lat=(2, 8), p_ready=1 - bp, fail=fail)
     stats = {"cqe": 0, "ovf": 0}
-    n_cqe = sum(1 for s in script if s[0] == "cqe")
-    done = {"sent": 0}
+    events, killed = [], []
 
     async def driver(ctx):
         for item in script:
@@ -65,9 +70,8 @@ def run(cfg, seed, script, cqs, bp=0.3):
                     await ctx.tick()
                 ctx.set(s.payload, {"cqn": cqn, "cqe": f})
                 ctx.set(s.valid, 1)
-                await ctx.tick().until(s.ready)
+                await tick_until(ctx, s.ready)
                 ctx.set(s.valid, 0)
-                done["sent"] += 1
             elif item[0] == "wait":
                 for _ in range(item[1]):
                     await ctx.tick()
@@ -84,52 +88,64 @@ def run(cfg, seed, script, cqs, bp=0.3):
         for _ in range(200):
             await ctx.tick()
 
-    async def sink(ctx):
-        cur = None
+    async def sinks(ctx):
         while True:
-            ctx.set(dut.dma_wr.ready, rng.random() > bp)
-            _, _, v, r, p, sc, so = await ctx.tick().sample(
-                dut.dma_wr.valid, dut.dma_wr.ready, dut.dma_wr.payload, dut.stat_cqe, dut.stat_overflow)
+            re, rk = rng.random() > bp, rng.random() > bp
+            ctx.set(dut.event.ready, re)
+            ctx.set(dut.err_qp.ready, rk)
+            _, _, sc, so, ev, ep, kv, kp = await ctx.tick().sample(
+                dut.stat_cqe, dut.stat_overflow, dut.event.valid, dut.event.payload,
+                dut.err_qp.valid, dut.err_qp.payload)
             stats["cqe"] += sc
             stats["ovf"] += so
-            if v and r:
-                if cur is None:
-                    cur = [p.addr, p.len, b""]
-                cur[2] += int(p.data).to_bytes(W, "little")[:p.nbytes]
-                if p.last:
-                    assert len(cur[2]) == cur[1] == 32
-                    writes.append((cur[0], cur[2]))
-                    cur = None
+            if ev and re:
+                events.append((int(ep.type), int(ep.index)))
+            if kv and rk:
+                killed.append(int(kp.qpn))
 
     sim = Simulator(bench)
     sim.add_clock(1e-8)
-    sim.add_process(sink)
+    dma.clock(sim)
+    dma.write_port(sim, dut.dma_wr)
+    sim.add_testbench(sinks, background=True)
     sim.add_testbench(driver)
     sim.run()
-    return writes, stats, dut
+    for name, a, n, t, ok, data in dma.writes:
+        assert n == 32 and t == next(c for c, (b, lg) in cqs.items() if b <= a < b + (32 << lg))
+    writes = [(a, data) for _, a, n, t, ok, data in dma.writes]
+    return writes, stats, events, killed, dut
 
 
-def model(script, cqs):
-    pi, ci, ovf = {}, {}, set()
-    out = []
+def model(script, cqs, fail=None):
+    """Expected writes (attempted, in order), CQ_ERR events and QPs sent to ERR. A failed CQE
+    write puts its CQ in error from the next completion on (the script waits long enough)."""
+    pi, ci, bad = {}, {}, set()
+    out, events, killed = [], [], []
     for item in script:
         if item[0] == "cqe":
             _, _, cqn, f = item
             base, log = cqs[cqn]
             p, c = pi.get(cqn, 0), ci.get(cqn, 0)
-            if (p - c) % 65536 == 1 << log:
-                ovf.add(cqn)
+            if cqn in bad or (p - c) % 65536 == 1 << log:
+                if cqn not in bad:
+                    bad.add(cqn)
+                    events.append((AsyncEventType.CQ_ERR, cqn))
+                killed.append(f["qpn"])
                 continue
             g = dict(f)
             g["flags"] = (f["flags"] & 0x7F) | ((((p >> log) & 1) ^ 1) << 7)
-            out.append((base + (p % (1 << log)) * 32, formats.pack(formats.CQE, **g)))
+            a = base + (p % (1 << log)) * 32
+            out.append((a, formats.pack(formats.CQE, **g)))
             pi[cqn] = (p + 1) % 65536
+            if fail and fail(a, 32, True):
+                bad.add(cqn)
+                events.append((AsyncEventType.CQ_ERR, cqn))
         elif item[0] == "db":
             ci[item[1]] = item[2]
         elif item[0] == "ev":
             pi[item[1]] = ci[item[1]] = 0
-            ovf.discard(item[1])
-    return out, ovf
+            bad.discard(item[1])
+    return out, events, killed
 
 
 CQS = {0: (0x10000, 2), 1: (0x20000, 3), 2: (0x30000, 1), 3: (0x40000, 4)}
@@ -148,75 +164,64 @@ def make_script(rng, n=60):
             script.append(("wait", 40))
             ci[cqn] = min(pi[cqn], ci[cqn] + rng.randrange(1, 4))
             script.append(("db", cqn, ci[cqn] % 65536))
+        if rng.random() < 0.08:                      # SET_CQ restarts a CQ
+            script.append(("wait", 40))
+            script.append(("ev", cqn))
+            ci[cqn] = pi[cqn] = 0
     return script
 
 
+def sequential(script, gap=30):
+    out = []
+    for item in script:
+        out.append(item)
+        if item[0] == "cqe":
+            out.append(("wait", gap))
+    return out
+
+
 @pytest.mark.parametrize("bp", [0.0, 0.4])
-def test_ring_wraps_owner_and_overflow(bp):
+def test_ring_wraps_owner_and_overrun(bp):
     rng = random.Random(7)
     # sequential (one request at a time, waits) so that the model's order is exact
-    script = []
-    for item in make_script(rng):
-        script.append(item)
-        if item[0] == "cqe":
-            script.append(("wait", 30))
-    writes, stats, dut = run(CFG, 1, script, CQS, bp=bp)
-    exp, ovf = model(script, CQS)
+    script = sequential(make_script(rng))
+    writes, stats, events, killed, _ = run(CFG, 1, script, CQS, bp=bp)
+    exp, exp_events, exp_killed = model(script, CQS)
     assert writes == exp
     assert stats["cqe"] == len(exp)
-    assert stats["ovf"] == sum(1 for s in script if s[0] == "cqe") - len(exp) > 0
-    assert ovf
+    assert stats["ovf"] == len(exp_killed) > 0
+    assert events == exp_events and killed == exp_killed
 
 
-def test_overflow_flag_and_event():
+def test_overrun_puts_the_cq_in_error_until_set_cq():
+    """A full CQ: the completion is dropped, one CQ_ERR event, its QP to ERR; later
+    completions for that CQ are dropped too even after the consumer made room (C11-37: no
+    completion is added any more); SET_CQ restarts it."""
     cqs = {0: (0x1000, 1), 1: (0x2000, 1), 2: (0x3000, 1), 3: (0x4000, 1)}
     rng = random.Random(3)
-    script = [("cqe", 0, 2, cqe_fields(rng, i)) for i in range(3)] + [("wait", 40)]
-    # run twice: before and after a CQ event that restarts the ring
-    w1, s1, _ = run(CFG, 2, script, cqs, bp=0.0)
-    assert [a for a, _ in w1] == [0x3000, 0x3020]
-    assert s1 == {"cqe": 2, "ovf": 1}
-    script2 = script + [("ev", 2), ("wait", 2)] + [("cqe", 1, 2, cqe_fields(rng, 9))] + [("wait", 40)]
-    w2, s2, _ = run(CFG, 2, script2, cqs, bp=0.0)
-    assert [a for a, _ in w2] == [0x3000, 0x3020, 0x3000]
-    assert w2[2][1][31] & 0x80    # first pass again after the event
-    exp, _ = model(script2, cqs)
-    assert w2 == exp
+    f = [cqe_fields(rng, i) for i in range(6)]
+    script = sequential([("cqe", 0, 2, f[0]), ("cqe", 0, 2, f[1]), ("cqe", 0, 2, f[2]),
+                         ("db", 2, 2), ("cqe", 1, 2, f[3]), ("cqe", 0, 1, f[4]),
+                         ("ev", 2), ("cqe", 1, 2, f[5])])
+    writes, stats, events, killed, _ = run(CFG, 2, script, cqs, bp=0.0)
+    assert [a for a, _ in writes] == [0x3000, 0x3020, 0x2000, 0x3000]
+    assert writes[3][1][31] & 0x80            # first pass again after SET_CQ
+    assert events == [(AsyncEventType.CQ_ERR, 2)]
+    assert killed == [f[2]["qpn"], f[3]["qpn"]]
+    assert stats == {"cqe": 4, "ovf": 2}
 
 
-def test_sticky_overflow_port():
-    cqs = {c: (0x1000 * (c + 1), 1) for c in range(4)}
-    rng = random.Random(4)
-    bench = Bench(CFG, cqs)
-    dut = bench.dut
-    seen = []
-
-    async def tb(ctx):
-        ctx.set(dut.dma_wr.ready, 1)
-        for i in range(3):
-            ctx.set(dut.i1.payload, {"cqn": 3, "cqe": cqe_fields(rng, i)})
-            ctx.set(dut.i1.valid, 1)
-            await ctx.tick().until(dut.i1.ready)
-            ctx.set(dut.i1.valid, 0)
-            for _ in range(10):
-                await ctx.tick()
-        seen.append(ctx.get(dut.overflow))
-        ctx.set(dut.cq_db.payload, {"cqn": 3, "ci": 2})
-        ctx.set(dut.cq_db.valid, 1)
-        await ctx.tick()
-        ctx.set(dut.cq_db.valid, 0)
-        seen.append(ctx.get(dut.overflow))      # sticky: the doorbell does not clear it
-        ctx.set(dut.cq_event.payload.cqn, 3)
-        ctx.set(dut.cq_event.valid, 1)
-        await ctx.tick()
-        ctx.set(dut.cq_event.valid, 0)
-        seen.append(ctx.get(dut.overflow))
-
-    sim = Simulator(bench)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
-    assert seen == [0b1000, 0b1000, 0]
+def test_failed_cqe_write_puts_the_cq_in_error():
+    """The host refuses a CQE write: CQ_ERR, the next completions of that CQ are dropped and
+    stop their QPs; other CQs go on."""
+    rng = random.Random(11)
+    fail = lambda a, n, w: w and a == 0x20000 + 32 * 2     # the third entry of CQ 1
+    script = sequential([("cqe", rng.randrange(2), c, cqe_fields(rng, i))
+                         for i, c in enumerate([1, 1, 1, 0, 1, 0, 1])], gap=40)
+    writes, stats, events, killed, _ = run(CFG, 4, script, CQS, bp=0.2, fail=fail)
+    exp, exp_events, exp_killed = model(script, CQS, fail=fail)
+    assert writes == exp and events == exp_events == [(AsyncEventType.CQ_ERR, 1)]
+    assert killed == exp_killed and len(killed) == 2
 
 
 def test_concurrent_inputs_round_robin():
@@ -225,7 +230,8 @@ def test_concurrent_inputs_round_robin():
     rng = random.Random(5)
     bench = Bench(CFG, cqs)
     dut = bench.dut
-    order = []
+    mem = HostMemory()
+    dma = PortMemorySim(8, mem=mem, seed=5, p_ready=0.7)
 
     async def src(ctx, port, n):
         s = dut.i0 if port == 0 else dut.i1
@@ -234,32 +240,28 @@ def test_concurrent_inputs_round_robin():
             f["src_qpn"] = port * 100 + i
             ctx.set(s.payload, {"cqn": 0, "cqe": f})
             ctx.set(s.valid, 1)
-            await ctx.tick().until(s.ready)
+            await tick_until(ctx, s.ready)
             ctx.set(s.valid, 0)
 
-    async def sink(ctx):
-        buf = b""
-        while len(order) < 12:
-            ctx.set(dut.dma_wr.ready, rng.random() > 0.3)
-            _, _, v, r, p = await ctx.tick().sample(dut.dma_wr.valid, dut.dma_wr.ready, dut.dma_wr.payload)
-            if v and r:
-                buf += int(p.data).to_bytes(8, "little")
-                if p.last:
-                    order.append(formats.unpack(formats.CQE, buf)["src_qpn"])
-                    buf = b""
-
-    sim = Simulator(bench)
-    sim.add_clock(1e-8)
     async def src0(ctx):
         await src(ctx, 0, 6)
 
     async def src1(ctx):
         await src(ctx, 1, 6)
 
+    async def main(ctx):
+        while len(dma.writes) < 12:
+            await ctx.tick()
+
+    sim = Simulator(bench)
+    sim.add_clock(1e-8)
+    dma.clock(sim)
+    dma.write_port(sim, dut.dma_wr)
     sim.add_testbench(src0, background=True)
     sim.add_testbench(src1, background=True)
-    sim.add_testbench(sink)
+    sim.add_testbench(main)
     sim.run()
+    order = [formats.unpack(formats.CQE, d)["src_qpn"] for *_, d in dma.writes]
     assert sorted(order) == sorted([i for i in range(6)] + [100 + i for i in range(6)])
     assert order[:6] in ([0, 100, 1, 101, 2, 102], [100, 0, 101, 1, 102, 2])
 
@@ -267,14 +269,10 @@ def test_concurrent_inputs_round_robin():
 def test_wide_datapath():
     cfg = NicConfig(data_bytes=64, mtu=256, n_qps=4, n_mrs=4, n_cqs=4, max_outstanding=8)
     rng = random.Random(9)
-    script = []
-    for item in make_script(rng, 20):
-        script.append(item)
-        if item[0] == "cqe":
-            script.append(("wait", 20))
-    writes, stats, _ = run(cfg, 3, script, CQS)
-    exp, _ = model(script, CQS)
-    assert writes == exp
+    script = sequential(make_script(rng, 20), gap=20)
+    writes, stats, events, killed, dut = run(cfg, 3, script, CQS)
+    exp, exp_events, _ = model(script, CQS)
+    assert writes == exp and events == exp_events
 
 
 def test_bad_cfg():

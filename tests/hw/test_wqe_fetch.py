@@ -7,37 +7,32 @@ from amaranth.sim import Simulator
 
 from hw import formats
 from hw.wqe_fetch import WqeFetch
+from sim.host import HostMemory
+from tests.hw.dma_models import PortMemorySim, tick_until
 
 
-def run(W, seed, n=12, bp=0.3, depth=4):
+def run(W, seed, n=12, bp=0.3, depth=4, fail=None):
+    """Fetch ``n`` random WQEs in random batches through the shared DMA port model; return
+    (requests seen by the host, [(fields, err)] out of the block, expected fields)."""
     dut = WqeFetch(W, depth)
     rng = random.Random(seed)
-    mem = {}
-    addrs = []
+    mem = HostMemory()
     expect = []
     batches = []
     while sum(c for _, c in batches) < n:
         c = min(rng.randrange(1, depth + 1), n - sum(c for _, c in batches))
         batches.append((0x1000 + rng.randrange(0, 1 << 16) * 8 + rng.choice([0, 3]), c))  # also unaligned
-    for i in range(n):
-        bi = 0
-        k = i
-        while k >= batches[bi][1]:
-            k -= batches[bi][1]
-            bi += 1
-        addr = batches[bi][0] + 64 * k
-        f = dict(opcode=rng.randrange(7), flags=rng.randrange(8), imm=rng.getrandbits(32),
-                 wr_id=rng.getrandbits(64), local_addr=rng.getrandbits(64),
-                 length=rng.getrandbits(32), lkey=rng.getrandbits(32),
-                 remote_addr=rng.getrandbits(64), rkey=rng.getrandbits(32),
-                 compare_add=rng.getrandbits(64), swap=rng.getrandbits(64))
-        raw = formats.pack(formats.WQE, **f)
-        for k, b in enumerate(raw):
-            mem[addr + k] = b
-        addrs.append(addr)
-        expect.append(f)
+    for a, c in batches:
+        for k in range(c):
+            f = dict(opcode=rng.randrange(7), flags=rng.randrange(8), imm=rng.getrandbits(32),
+                     wr_id=rng.getrandbits(64), local_addr=rng.getrandbits(64),
+                     length=rng.getrandbits(32), lkey=rng.getrandbits(32),
+                     remote_addr=rng.getrandbits(64), rkey=rng.getrandbits(32),
+                     compare_add=rng.getrandbits(64), swap=rng.getrandbits(64))
+            mem.write(a + 64 * k, formats.pack(formats.WQE, **f))
+            expect.append(f)
     got = []
-    reqs = []
+    dma = PortMemorySim(W, mem=mem, seed=seed, lat=(1, 8), p_ready=1 - bp, p_gap=bp, fail=fail)
 
     async def requester(ctx):
         for a, c in batches:
@@ -45,31 +40,8 @@ def run(W, seed, n=12, bp=0.3, depth=4):
                 await ctx.tick()
             ctx.set(dut.req.payload, {"addr": a, "count": c})
             ctx.set(dut.req.valid, 1)
-            await ctx.tick().until(dut.req.ready)
+            await tick_until(ctx, dut.req.ready)
             ctx.set(dut.req.valid, 0)
-
-    async def dma(ctx):
-        while True:
-            ctx.set(dut.dma.req.ready, rng.random() > bp)
-            _, _, v, r, p = await ctx.tick().sample(dut.dma.req.valid, dut.dma.req.ready,
-                                                    dut.dma.req.payload)
-            if v and r:
-                reqs.append((p.addr, p.len, p.tag))
-                ctx.set(dut.dma.req.ready, 0)
-                for _ in range(rng.randrange(5)):
-                    await ctx.tick()
-                nb = (p.len + W - 1) // W
-                for b in range(nb):
-                    while rng.random() < bp:
-                        ctx.set(dut.dma.resp.valid, 0)
-                        await ctx.tick()
-                    cnt = min(W, p.len - b * W)
-                    val = sum(mem[p.addr + b * W + k] << (8 * k) for k in range(cnt))
-                    ctx.set(dut.dma.resp.payload, {"data": val, "nbytes": cnt,
-                                                   "last": b == nb - 1, "tag": p.tag})
-                    ctx.set(dut.dma.resp.valid, 1)
-                    await ctx.tick().until(dut.dma.resp.ready)
-                ctx.set(dut.dma.resp.valid, 0)
 
     async def consumer(ctx):
         while len(got) < n:
@@ -77,28 +49,43 @@ def run(W, seed, n=12, bp=0.3, depth=4):
             _, _, v, r, p = await ctx.tick().sample(dut.wqe.valid, dut.wqe.ready,
                                                     dut.wqe.payload)
             if v and r:
-                got.append({name: int(getattr(p, name) if name != "opcode" else p.opcode)
-                            for name in expect[0]})
+                w = p.wqe
+                got.append(({name: int(getattr(w, name) if name != "opcode" else w.opcode)
+                             for name in expect[0]}, int(p.err)))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    sim.add_testbench(dma, background=True)
+    dma.clock(sim)
+    dma.read_port(sim, dut.dma)
     sim.add_testbench(requester, background=True)
     sim.add_testbench(consumer)
     sim.run()
+    reqs = [(a, ln, t) for _, a, ln, t in dma.reads]
     assert reqs == [(a, 64 * c, 0) for a, c in batches]
-    assert got == expect
+    return batches, got, expect
 
 
 @pytest.mark.parametrize("W,bp,depth", [(8, 0.0, 4), (8, 0.4, 4), (16, 0.3, 1), (64, 0.3, 3),
                                         (8, 0.6, 2)])
 def test_fetch(W, bp, depth):
-    run(W, seed=W + depth, bp=bp, depth=depth, n=20)
+    _, got, expect = run(W, seed=W + depth, bp=bp, depth=depth, n=20)
+    assert got == [(f, 0) for f in expect]
+
+
+def test_failed_read_marks_its_wqes():
+    """Every WQE of a batch the host fails comes out with err; the others are intact."""
+    batches, got, expect = run(8, seed=5, n=16, bp=0.2, depth=4,
+                               fail=lambda a, n, w: (a // 8) % 3 == 0)
+    errs = []
+    for a, c in batches:
+        errs += [int((a // 8) % 3 == 0)] * c
+    assert [e for _, e in got] == errs and 0 < sum(errs) < len(errs)
+    assert [f for (f, e) in got if not e] == [f for f, e in zip(expect, errs) if not e]
 
 
 def test_consumer_stalled_does_not_block_dma():
-    """With the consumer stalled, a full batch is still taken from the DMA; the next request
-    waits until slots are free."""
+    """With the consumer stalled, a full batch is still taken from the DMA at once; the next
+    request waits until slots are free."""
     dut = WqeFetch(8, 2)
     log = {}
 
@@ -109,12 +96,12 @@ def test_consumer_stalled_does_not_block_dma():
         await ctx.tick().until(dut.req.ready)
         ctx.set(dut.req.payload, {"addr": 0x200, "count": 1})
         for b in range(16):
-            ctx.set(dut.dma.resp.payload, {"data": b, "nbytes": 8, "last": b == 15, "tag": 0})
-            ctx.set(dut.dma.resp.valid, 1)
-            assert ctx.get(dut.dma.resp.ready)
+            ctx.set(dut.dma.rd.payload, {"data": b, "nbytes": 8, "last": b == 15, "tag": 0})
+            ctx.set(dut.dma.rd.valid, 1)
+            assert ctx.get(dut.dma.rd.ready)
             assert not ctx.get(dut.req.ready)
             await ctx.tick()
-        ctx.set(dut.dma.resp.valid, 0)
+        ctx.set(dut.dma.rd.valid, 0)
         await ctx.tick()
         log["blocked"] = not ctx.get(dut.req.ready)
         ctx.set(dut.wqe.ready, 1)
