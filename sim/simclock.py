@@ -56,7 +56,34 @@ two wake-ups) leaves the coroutine exactly as ``n`` ``RisingEdge`` awaits would,
 kind of clock. Plain ``wait_cycles(dut, n)`` is one wake-up; use ``edge=True`` before
 driving inputs if the build may use a cocotb ``Clock``.
 
-Speed: see the numbers at the end of this docstring.
+Speed, idle (the clock running, one ``wait_cycles`` Timer, no host models), cycles/s, median
+of 3, measured on f23febc (2 cores shared with other jobs, load 0.3-2; the raw C++ loop of
+sim/rawsim.py for comparison):
+
+==============================  ===========  ===========  ============  ==========
+design                          cocotb       in-sim,      in-sim,       raw C++
+                                ``Clock``    compat       plain         loop
+==============================  ===========  ===========  ============  ==========
+Ticker (32-bit counters)        0.94 M       1.87 M       2.12 M        16.5 M
+DmaCopy W=8 + sim/host.py       0.59-0.85 M  1.32-1.42 M  1.87-1.90 M   -
+models (tb_host test_idle_rate)
+two-node system, ``small``      145 k        132 k        232 k         262 k
+==============================  ===========  ===========  ============  ==========
+
+Before b468a0d (CRC from a ROM), at 4ecc05b, the small system ran at 48-50 k (cocotb
+``Clock``), 37-42 k (compat), 80 k (plain) and 85 k cycles/s (raw).
+
+So on a small design the in-simulation clock doubles cocotb's idle rate whichever kind, and
+a plain in-simulation clock brings the real system to 89 % of the raw C++ loop (cocotb's
+``Clock`` reaches 55 %). ``compat`` on the real system is *slower* than a cocotb ``Clock``
+(0.9x): Verilator puts the logic fed by the 2-ps-delayed inputs into combinational blocks it
+re-runs on every resumption of a timed process (two per cycle), where the classic build
+folds it into the clocked blocks. Copying the inputs at the visible edge instead (an
+``always @(posedge clk)`` register per input, no delays) passes the Ticker tests but breaks
+sim/host.py's DMA model (tb_host: "beat ... is not marked last"), so compat keeps the delays.
+A testbench written for the plain clock's sampling (read after ``RisingEdge`` +
+``ReadOnly``, or only at Timer-aligned edges) gets the fast case; sim/host.py's models
+need compat or a cocotb ``Clock``.
 """
 
 from __future__ import annotations

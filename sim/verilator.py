@@ -30,14 +30,15 @@ a testbench the clock runs by itself (sim/simclock.py reads them). Internal sign
 Amaranth top are then reached as ``dut.core.<sig>``; names in ``public`` without a module
 are looked up in ``<name>_core``. The first rising edge of ``clk`` comes after the low
 half period (period - period // 2), and one period apart from then on, at the times of
-cocotb's ``Clock(start_high=False)`` (for an even period). cocotb's Verilator main loop advances to the
-design's next timed event (``eventsPending``/``nextTimeSlot``); the runner passes
-``--timescale 1ns/1ps`` and the delays are written with units (``ps``), so they hold
-whatever the timescale.
+cocotb's ``Clock(start_high=False)`` (for an even period). cocotb's Verilator main loop
+advances to the design's next timed event (``eventsPending``/``nextTimeSlot``) by itself;
+the runner adds nothing for ``--timing`` (it comes with the build arguments) and passes
+``--timescale 1ns/1ps``; the delays are written with units (``ps``), so they hold whatever
+the timescale.
 
 ``InternalClock(compat=True)`` (the default) keeps what a testbench sees the same as with a
 cocotb ``Clock``; ``compat=False`` is a single clock, whose edge the design has evaluated
-when ``RisingEdge(dut.clk)`` wakes a testbench (sim/simclock.py has the table).
+when ``RisingEdge(dut.clk)`` wakes a testbench (sim/simclock.py says what each one does).
 
 :func:`run` runs a cocotb test module against a build and raises :class:`SimulationFailed`
 with the failing test names and messages (read from ``results.xml``) when a test fails, so
