@@ -87,6 +87,21 @@ writes its status into the message it names and the QP goes to ERR at once. In E
 tracker entries, then the posted WQEs (fetched to learn their wr_id), complete one by one:
 an entry that failed with its own status, every other with WR_FLUSH_ERR.
 
+Host-interface errors (docs/errors.md)
+--------------------------------------
+The DMA engine reports a read the host failed (``err`` on the data) and answers every write
+(``dma_wr.done``). A batch of WQEs the host could not read: its first WQE completes with
+``LOC_QP_OP_ERR`` (its wr_id is unknown: 0) through the local-error path, the rest are
+flushed. A payload read that failed: the packet is not sent; the emitter hands its QP,
+tracker slot and PSN to the response FSM (``R_PERR``), which marks that message
+``LOC_PROT_ERR`` and moves the QP to ERR at once (messages not yet acknowledged are flushed).
+Every completion passes a :class:`~hw.lib.write_gate.WriteGate`: it leaves only once the host
+has answered the writes the requester made before it (the READ data, the atomic result of
+its WR), and if one of its QP's writes failed it leaves as ``LOC_PROT_ERR`` (an unsignaled
+READ/atomic passes the gate as a silent completion for this) and the QP is asked to go to
+ERR. This costs a completion one write round trip (as an AXI master waiting for its write
+response before the completion write); docs/host-interface.md.
+
 Retransmission (IBA 9.7.6, go-back-N)
 -------------------------------------
 A :class:`~hw.retry_timer.RetryTimer` keeps each QP's local ACK timer (4.096 us *
@@ -125,8 +140,10 @@ from amaranth.utils import ceil_log2, exact_log2
 from . import formats, regmap
 from .config import NicConfig
 from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
-from .interfaces import (QP_LOOKUP, CqeRequest, DmaReadClient, DmaWrite, DoorbellEvent,
-                         Lookup, PacketOut, QpErrRequest, QpEvent, beat_layout)
+from .arbiter import StreamArbiter
+from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, DmaReadPort, DmaWritePort,
+                         DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent, beat_layout)
+from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
 from .scheduler import Scheduler
 from .wqe_fetch import WqeFetch
@@ -153,7 +170,8 @@ TRACKER_ENTRY = data.StructLayout({
 
 STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
          "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject",
-         "stat_timeout", "stat_retransmit", "stat_rnr_rx", "stat_retry_exc", "stat_resp_drop"]
+         "stat_timeout", "stat_retransmit", "stat_rnr_rx", "stat_retry_exc", "stat_resp_drop",
+         "stat_dma_err"]
 
 
 def psn_le(a, b):
@@ -179,9 +197,9 @@ class Requester(wiring.Component):
             "qp": Out(Lookup(self.qpn_bits, QP_LOOKUP)),
             "mr": Out(Lookup(self.mr_bits, formats.MR_ENTRY)),
             "node_id": In(8),
-            "wqe_rd": Out(DmaReadClient(W)),
-            "pay_rd": Out(DmaReadClient(W)),
-            "dma_wr": Out(DmaWrite(W)),
+            "wqe_rd": Out(DmaReadPort(W)),
+            "pay_rd": Out(DmaReadPort(W)),
+            "dma_wr": Out(DmaWritePort(W)),
             "tx": Out(PacketOut(W)),
             "rx": In(PacketOut(W)),
             "set_err": Out(QpErrRequest()),
@@ -211,8 +229,11 @@ class Requester(wiring.Component):
         m.submodules.fq = fq = SyncFIFOBuffered(width=self.qpn_bits + 3, depth=KF)
         wiring.connect(m, fetch.dma, wiring.flipped(self.wqe_rd))
         # send engine -> packet emitter: header descriptors and payload beats
-        m.submodules.desc = desc = SyncFIFOBuffered(width=formats.PKT_META.size, depth=DESC_DEPTH)
+        DESC = data.StructLayout({"meta": formats.PKT_META, "qpn": self.qpn_bits, "slot": mo_bits})
+        m.submodules.desc = desc = SyncFIFOBuffered(width=DESC.size, depth=DESC_DEPTH)
         m.submodules.payf = payf = SyncFIFOBuffered(width=beat_layout(W).size, depth=pay_beats)
+        # per packet in payf: did the host fail its payload read
+        m.submodules.pay_err = pay_err = SyncFIFOBuffered(width=1, depth=pay_beats)
 
         m.submodules.trk = trk = memory.Memory(shape=TRACKER_ENTRY, depth=nq * MO, init=[])
         trk_rd = trk.read_port(domain="comb")      # send FSM: head of cur (flush)
@@ -292,6 +313,7 @@ class Requester(wiring.Component):
         batch_left = Signal(range(K + 1))   # WQEs of the current batch not yet taken
         pay_res = Signal(range(pay_beats + 1))   # payload buffer beats requested, not yet sent
         wqe = Signal(formats.WQE)
+        wqe_err = Signal()           # the host failed the read of this WQE: not to be used
         cqe_reg = Signal(formats.CQE)
         seg_left = Signal(32)        # bytes still to send
         seg_addr = Signal(64)        # local address of the segment
@@ -305,6 +327,7 @@ class Requester(wiring.Component):
         rxm = Signal(formats.PKT_META)
         rcqe_reg = Signal(formats.CQE)
         rcqe_ret_ack = Signal()      # after the CQE go back to R_ACK (else R_IDLE)
+        rcqe_silent = Signal()       # an unsignaled success: announced only if it failed
         rx_addr = Signal(64)
         rx_complete = Signal()       # this response completes the head message
 
@@ -318,7 +341,15 @@ class Requester(wiring.Component):
         ent = trk_rd.data
         nonempty = Signal()
         m.d.comb += nonempty.eq(count(cur) != 0)
-        m.d.comb += trk_rrd.addr.eq(Cat(head[rcur][:mo_bits], rcur))
+        # a payload error names its message's tracker slot (perr_slot), else the head
+        in_perr = Signal()
+        perr_v = Signal()
+        perr_q = Signal(self.qpn_bits)
+        perr_slot = Signal(mo_bits)
+        perr_psn = Signal(24)
+        r_slot = Signal(mo_bits)
+        m.d.comb += [r_slot.eq(Mux(in_perr, perr_slot, head[rcur][:mo_bits])),
+                     trk_rrd.addr.eq(Cat(r_slot, rcur))]
         rent = trk_rrd.data
         rnonempty = Signal()
         m.d.comb += rnonempty.eq(count(rcur) != 0)
@@ -388,6 +419,15 @@ class Requester(wiring.Component):
                 m.d.sync += [rd_out[i].eq(nxt), fence_wait[i].eq((fence_wait[i] | fset) & (nxt != 0))]
 
         # ---------------- cqe and set_err: shared by both FSMs (sticky two-way arbiters)
+        # Completions then pass the write gate: a CQE leaves only once the data the requester
+        # wrote for its WR (READ data, atomic result) is answered by the host, and a failed
+        # write turns it into LOC_PROT_ERR and its QP to ERR.
+        GATE_ITEM = data.StructLayout({"req": CQE_REQUEST, "silent": 1})
+        m.submodules.gate = gate = WriteGate(GATE_ITEM, self.qpn_bits, depth=64)
+        wr, wr_done = self.dma_wr.wr, self.dma_wr.done
+        wiring.connect(m, wiring.flipped(self.dma_wr.done), gate.done)
+        m.d.comb += gate.wr_issued.eq(wr.valid & wr.ready & wr.payload.last)
+        cq_in = gate.i
         tx_cqe_v = Signal()
         rx_cqe_v = Signal()
         cqe_hold = Signal()
@@ -395,15 +435,19 @@ class Requester(wiring.Component):
         cqe_rx = Signal()
         m.d.comb += [
             cqe_rx.eq(Mux(cqe_hold, cqe_hold_rx, rx_cqe_v)),
-            self.cqe.valid.eq(Mux(cqe_rx, rx_cqe_v, tx_cqe_v)),
-            self.cqe.payload.cqn.eq(Mux(cqe_rx, qcq[rcur], ctx.send_cq)),
-            self.cqe.payload.cqe.eq(Mux(cqe_rx, rcqe_reg, cqe_reg)),
+            cq_in.valid.eq(Mux(cqe_rx, rx_cqe_v, tx_cqe_v)),
+            cq_in.payload.item.req.cqn.eq(Mux(cqe_rx, qcq[rcur], ctx.send_cq)),
+            cq_in.payload.item.req.cqe.eq(Mux(cqe_rx, rcqe_reg, cqe_reg)),
+            cq_in.payload.item.silent.eq(cqe_rx & rcqe_silent),
+            cq_in.payload.key.eq(Mux(cqe_rx, rcur, cur)),
         ]
-        m.d.sync += [cqe_hold.eq(self.cqe.valid & ~self.cqe.ready), cqe_hold_rx.eq(cqe_rx)]
+        m.d.sync += [cqe_hold.eq(cq_in.valid & ~cq_in.ready), cqe_hold_rx.eq(cqe_rx)]
         tx_cqe_rdy = Signal()
         rx_cqe_rdy = Signal()
-        m.d.comb += [tx_cqe_rdy.eq(~cqe_rx & self.cqe.ready), rx_cqe_rdy.eq(cqe_rx & self.cqe.ready)]
+        m.d.comb += [tx_cqe_rdy.eq(~cqe_rx & cq_in.ready), rx_cqe_rdy.eq(cqe_rx & cq_in.ready)]
 
+        m.submodules.err_arb = err_arb = StreamArbiter(data.StructLayout({"qpn": 24}), 2)
+        fsm_err = err_arb.i[0]
         tx_err_v = Signal()
         rx_err_v = Signal()
         err_hold = Signal()
@@ -411,14 +455,43 @@ class Requester(wiring.Component):
         err_rx = Signal()
         m.d.comb += [
             err_rx.eq(Mux(err_hold, err_hold_rx, rx_err_v)),
-            self.set_err.valid.eq(Mux(err_rx, rx_err_v, tx_err_v)),
-            self.set_err.payload.qpn.eq(Mux(err_rx, rcur, cur)),
+            fsm_err.valid.eq(Mux(err_rx, rx_err_v, tx_err_v)),
+            fsm_err.payload.qpn.eq(Mux(err_rx, rcur, cur)),
         ]
-        m.d.sync += [err_hold.eq(self.set_err.valid & ~self.set_err.ready), err_hold_rx.eq(err_rx)]
+        m.d.sync += [err_hold.eq(fsm_err.valid & ~fsm_err.ready), err_hold_rx.eq(err_rx)]
         tx_err_rdy = Signal()
         rx_err_rdy = Signal()
-        m.d.comb += [tx_err_rdy.eq(~err_rx & self.set_err.ready),
-                     rx_err_rdy.eq(err_rx & self.set_err.ready)]
+        m.d.comb += [tx_err_rdy.eq(~err_rx & fsm_err.ready),
+                     rx_err_rdy.eq(err_rx & fsm_err.ready)]
+        wiring.connect(m, err_arb.o, wiring.flipped(self.set_err))
+
+        # gate output: a completion whose WR's data write failed becomes LOC_PROT_ERR (even an
+        # unsignaled one) and then asks for its QP to go to ERR; a silent success vanishes
+        go = gate.o.payload
+        pay_err_stat = Signal()
+        gate_err_stat = Signal()
+        m.d.comb += self.stat_dma_err.eq(pay_err_stat | gate_err_stat)
+        g_cqe = Signal(formats.CQE)
+        g_err_sent = Signal()          # the failed completion has left, the ERR request waits
+        m.d.comb += [g_cqe.eq(go.item.req.cqe), gate.clear.eq(1)]
+        with m.If(go.err & (go.item.req.cqe.status == 0)):
+            m.d.comb += [g_cqe.status.eq(WcStatus.LOC_PROT_ERR.value), g_cqe.byte_len.eq(0)]
+        gate_err = err_arb.i[1]
+        m.d.comb += [gate_err.payload.qpn.eq(go.key), self.cqe.payload.cqn.eq(go.item.req.cqn),
+                     self.cqe.payload.cqe.eq(g_cqe)]
+        with m.If(gate.o.valid):
+            with m.If(go.err):
+                m.d.comb += [self.cqe.valid.eq(~g_err_sent), gate_err.valid.eq(g_err_sent),
+                             gate.o.ready.eq(g_err_sent & gate_err.ready)]
+                with m.If(self.cqe.valid & self.cqe.ready):
+                    m.d.sync += g_err_sent.eq(1)
+                with m.If(gate.o.ready):
+                    m.d.sync += g_err_sent.eq(0)
+                m.d.comb += gate_err_stat.eq(gate.o.ready)
+            with m.Elif(go.item.silent):
+                m.d.comb += gate.o.ready.eq(1)
+            with m.Else():
+                m.d.comb += [self.cqe.valid.eq(1), gate.o.ready.eq(self.cqe.ready)]
 
         # ---------------- tracker write port: the response FSM (NAK status) has priority
         tx_trk_we = Signal()
@@ -428,7 +501,7 @@ class Requester(wiring.Component):
         rx_trk_data = Signal(TRACKER_ENTRY)
         m.d.comb += [
             trk_wr.en.eq(rx_trk_we | tx_trk_we),
-            trk_wr.addr.eq(Mux(rx_trk_we, Cat(head[rcur][:mo_bits], rcur),
+            trk_wr.addr.eq(Mux(rx_trk_we, Cat(r_slot, rcur),
                                Mux(tx_trk_head, Cat(head[cur][:mo_bits], cur),
                                    Cat(tail[cur][:mo_bits], cur)))),
             trk_wr.data.eq(Mux(rx_trk_we, rx_trk_data, tx_trk_data)),
@@ -455,7 +528,9 @@ class Requester(wiring.Component):
             & ((wqe.local_addr + wqe.length) <= (mr.base + mr.length))
             & (~(is_read | is_atomic) | (mr.access & formats.Access.LOCAL_WRITE.value).any()))
         loc_status = Signal(5)
-        with m.If(~known):
+        with m.If(wqe_err):
+            m.d.comb += loc_status.eq(WcStatus.LOC_QP_OP_ERR.value)
+        with m.Elif(~known):
             m.d.comb += loc_status.eq(WcStatus.LOC_QP_OP_ERR.value)
         with m.Elif(is_atomic & (wqe.length != 8)):
             m.d.comb += loc_status.eq(WcStatus.LOC_LEN_ERR.value)
@@ -516,7 +591,8 @@ class Requester(wiring.Component):
 
         skip_bytes = Signal(32)      # READ resumed after skip_bytes of response data
         meta = Signal(formats.PKT_META)
-        m.d.comb += desc.w_data.eq(meta)
+        msg_slot = Signal(mo_bits)     # tracker slot of the message being sent
+        m.d.comb += desc.w_data.eq(Cat(meta, cur, msg_slot))
         m.d.comb += [
             meta.opcode.eq(bth_op),
             meta.src_node.eq(self.node_id),
@@ -718,7 +794,8 @@ class Requester(wiring.Component):
                     with m.Elif(~(rx_busy & (rcur == ev_sel))):
                         m.d.comb += ev_clear.eq(1)
                         with m.If(ev_reset[ev_sel]):
-                            m.d.comb += ev_rst_rd.eq(1)
+                            m.d.comb += [ev_rst_rd.eq(1), gate.forget.eq(1),
+                                         gate.forget_key.eq(ev_sel)]
                             m.d.sync += [
                                 pi[ev_sel].eq(0), fi[ev_sel].eq(0), ci[ev_sel].eq(0),
                                 head[ev_sel].eq(0), tail[ev_sel].eq(0),
@@ -817,7 +894,8 @@ class Requester(wiring.Component):
                 m.d.comb += [fetch.wqe.ready.eq(1), lk_free.eq(~flushing)]
                 with m.If(fetch.wqe.valid):
                     m.d.comb += self.stat_wqe_fetch.eq(1)
-                    m.d.sync += [wqe.eq(fetch.wqe.payload), batch_left.eq(batch_left - 1)]
+                    m.d.sync += [wqe.eq(fetch.wqe.payload.wqe), wqe_err.eq(fetch.wqe.payload.err),
+                                 batch_left.eq(batch_left - 1)]
                     m.next = "CHECK"
 
             with m.State("NEXT"):
@@ -840,11 +918,12 @@ class Requester(wiring.Component):
 
             with m.State("CHECK"):
                 with m.If(flushing):
-                    op3 = Mux(known, op[:3], 7)
-                    m.d.sync += set_cqe(cqe_reg, cur, wqe.wr_id, WcStatus.WR_FLUSH_ERR.value, op3, 0)
+                    op3 = Mux(known & ~wqe_err, op[:3], 7)
+                    m.d.sync += set_cqe(cqe_reg, cur, Mux(wqe_err, 0, wqe.wr_id),
+                                        WcStatus.WR_FLUSH_ERR.value, op3, 0)
                     m.d.sync += [fi[cur].eq(fi[cur] + 1), ci[cur].eq(ci[cur] + 1)]
                     m.next = "CQE"
-                with m.Elif(wqe.flags[1] & (rd_out[cur] != 0)):
+                with m.Elif(wqe.flags[1] & ~wqe_err & (rd_out[cur] != 0)):
                     # fence: wait for the earlier READ/atomic requests, fetch again later.
                     # The rest of the batch is dropped too, even if the fence clears in the
                     # meantime: its WQEs follow the dropped one (fi does not move past it).
@@ -858,8 +937,9 @@ class Requester(wiring.Component):
                 with m.Elif(loc_status != 0):
                     m.d.comb += [
                         tx_trk_we.eq(1),
-                        tx_trk_data.wr_id.eq(wqe.wr_id),
-                        tx_trk_data.opcode.eq(Mux(known, op[:3], 7)),
+                        # an unreadable WQE's wr_id is unknown: 0
+                        tx_trk_data.wr_id.eq(Mux(wqe_err, 0, wqe.wr_id)),
+                        tx_trk_data.opcode.eq(Mux(known & ~wqe_err, op[:3], 7)),
                         tx_trk_data.status.eq(loc_status),
                         tx_trk_data.first_psn.eq(npsn[cur]),
                         tx_trk_data.last_psn.eq(npsn[cur]),
@@ -890,6 +970,7 @@ class Requester(wiring.Component):
                     # the first message into an idle QP starts its ACK timer
                     m.d.comb += tx_kick.eq(~nonempty)
                     m.d.sync += [
+                        msg_slot.eq(tail[cur][:mo_bits]),
                         tail[cur].eq(tail[cur] + 1),
                         fi[cur].eq(fi[cur] + 1),
                         npsn[cur].eq(npsn[cur] + npkts),
@@ -951,8 +1032,11 @@ class Requester(wiring.Component):
         # ---------------- response FSM: never waits on tx or on the send FSM
         with m.FSM(name="resp"):
             with m.State("R_IDLE"):
-                m.d.comb += self.rx.meta.ready.eq(1)
-                with m.If(self.rx.meta.valid):
+                m.d.comb += self.rx.meta.ready.eq(~perr_v)
+                with m.If(perr_v):
+                    m.d.sync += rcur.eq(perr_q)
+                    m.next = "R_PERR"
+                with m.Elif(self.rx.meta.valid):
                     rq = self.rx.meta.payload.dest_qpn
                     rqi = rq[:self.qpn_bits]
                     m.d.sync += [rxm.eq(self.rx.meta.payload), rcur.eq(rqi)]
@@ -976,7 +1060,7 @@ class Requester(wiring.Component):
                     progress()
                     with m.If(rent.signaled):
                         m.d.sync += set_cqe(rcqe_reg, rcur, rent.wr_id, 0, rent.opcode, rent.length)
-                        m.d.sync += rcqe_ret_ack.eq(1)
+                        m.d.sync += [rcqe_ret_ack.eq(1), rcqe_silent.eq(0)]
                         m.next = "R_CQE"
                 with m.Elif(is_seq_nak):
                     # PSN sequence error: go back to the oldest outstanding message (once
@@ -1052,29 +1136,30 @@ class Requester(wiring.Component):
             with m.State("R_DATA"):
                 m.d.comb += [
                     rx_busy.eq(1),
-                    self.dma_wr.valid.eq(self.rx.payload.valid),
-                    self.dma_wr.payload.addr.eq(rx_addr),
-                    self.dma_wr.payload.len.eq(rxm.paylen),
-                    self.dma_wr.payload.data.eq(self.rx.payload.payload.data),
-                    self.dma_wr.payload.nbytes.eq(self.rx.payload.payload.nbytes),
-                    self.dma_wr.payload.last.eq(self.rx.payload.payload.last),
-                    self.rx.payload.ready.eq(self.dma_wr.ready),
+                    wr.valid.eq(self.rx.payload.valid),
+                    wr.payload.addr.eq(rx_addr),
+                    wr.payload.len.eq(rxm.paylen),
+                    wr.payload.tag.eq(rcur),
+                    wr.payload.data.eq(self.rx.payload.payload.data),
+                    wr.payload.nbytes.eq(self.rx.payload.payload.nbytes),
+                    wr.payload.last.eq(self.rx.payload.payload.last),
+                    self.rx.payload.ready.eq(wr.ready),
                 ]
-                with m.If(self.rx.payload.valid & self.dma_wr.ready
-                          & self.rx.payload.payload.last):
+                with m.If(self.rx.payload.valid & wr.ready & self.rx.payload.payload.last):
                     m.next = "R_DONE"
 
             with m.State("R_ATOMIC"):
                 m.d.comb += [
                     rx_busy.eq(1),
-                    self.dma_wr.valid.eq(1),
-                    self.dma_wr.payload.addr.eq(rx_addr),
-                    self.dma_wr.payload.len.eq(8),
-                    self.dma_wr.payload.data.eq(rxm.orig),
-                    self.dma_wr.payload.nbytes.eq(8),
-                    self.dma_wr.payload.last.eq(1),
+                    wr.valid.eq(1),
+                    wr.payload.addr.eq(rx_addr),
+                    wr.payload.len.eq(8),
+                    wr.payload.tag.eq(rcur),
+                    wr.payload.data.eq(rxm.orig),
+                    wr.payload.nbytes.eq(8),
+                    wr.payload.last.eq(1),
                 ]
-                with m.If(self.dma_wr.ready):
+                with m.If(wr.ready):
                     m.next = "R_DONE"
 
             with m.State("R_DONE"):
@@ -1084,14 +1169,30 @@ class Requester(wiring.Component):
                     m.d.sync += pop_head(rcur)
                     progress()
                     m.d.comb += rx_rd_dec.eq(1)
-                    with m.If(rent.signaled):
-                        m.d.sync += set_cqe(rcqe_reg, rcur, rent.wr_id, 0, rent.opcode,
-                                            Mux(rent.opcode == WrOpcode.RDMA_READ.value,
-                                                rent.length, 8))
-                        m.d.sync += rcqe_ret_ack.eq(0)
-                        m.next = "R_CQE"
-                    with m.Else():
-                        m.next = "R_IDLE"
+                    # an unsignaled READ/atomic still passes a (silent) completion through
+                    # the write gate: if the write of its data fails, it completes in error
+                    m.d.sync += set_cqe(rcqe_reg, rcur, rent.wr_id, 0, rent.opcode,
+                                        Mux(rent.opcode == WrOpcode.RDMA_READ.value,
+                                            rent.length, 8))
+                    m.d.sync += [rcqe_ret_ack.eq(0), rcqe_silent.eq(~rent.signaled)]
+                    m.next = "R_CQE"
+                with m.Else():
+                    m.next = "R_IDLE"
+
+            with m.State("R_PERR"):
+                # the host failed a packet's payload read: its message (if still there, in
+                # this incarnation of the QP) fails with LOC_PROT_ERR, the QP goes to ERR
+                m.d.comb += [rx_busy.eq(1), in_perr.eq(1)]
+                m.d.sync += perr_v.eq(0)
+                kills = ev_pend[rcur] & (ev_reset[rcur] | (ev_state[rcur] == formats.QpState.ERR.value))
+                there = ((perr_slot - head[rcur][:mo_bits])[:mo_bits] < count(rcur))
+                mine = (rts[rcur] & ~err[rcur] & ~kills & there & (rent.status == 0)
+                        & psn_le(rent.first_psn, perr_psn) & psn_le(perr_psn, rent.last_psn))
+                with m.If(mine):
+                    m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
+                                 rx_trk_data.status.eq(WcStatus.LOC_PROT_ERR.value)]
+                    m.d.sync += err[rcur].eq(1)
+                    m.next = "R_ERR"
                 with m.Else():
                     m.next = "R_IDLE"
 
@@ -1118,33 +1219,51 @@ class Requester(wiring.Component):
         seg_beats = Signal(range(pay_beats + 1))
         m.d.comb += seg_beats.eq((seg_len + (W - 1)) >> w_bits)
         m.d.comb += pay_fits.eq(pay_res + seg_beats <= pay_beats)
-        # the DMA data always has a reserved place: never back-pressure the host
+        # the DMA data always has a reserved place: taken at once
+        prd = self.pay_rd.rd
         m.d.comb += [
-            payf.w_data.eq(Cat(self.pay_rd.resp.payload.data, self.pay_rd.resp.payload.nbytes,
-                               self.pay_rd.resp.payload.last)),
-            payf.w_en.eq(self.pay_rd.resp.valid),
-            self.pay_rd.resp.ready.eq(1),
+            payf.w_data.eq(Cat(prd.payload.data, prd.payload.nbytes, prd.payload.last)),
+            payf.w_en.eq(prd.valid),
+            prd.ready.eq(1),
+            pay_err.w_data.eq(prd.payload.err),
+            pay_err.w_en.eq(prd.valid & prd.payload.last),
         ]
         pay_pop = Signal()
-        out_meta = Signal(formats.PKT_META)
-        m.d.comb += out_meta.eq(desc.r_data)
+        out = Signal(DESC)
+        m.d.comb += out.eq(desc.r_data)
+        out_meta = out.meta
         # store and forward: a header leaves only when its whole payload is in the buffer, so
         # that whoever takes the header never waits on host memory for the rest of the packet
         pkts_in = Signal(range(pay_beats + 1))
         pkt_done = Signal()
-        m.d.sync += pkts_in.eq(pkts_in + (self.pay_rd.resp.valid & self.pay_rd.resp.payload.last)
-                               - pkt_done)
+        m.d.sync += pkts_in.eq(pkts_in + (prd.valid & prd.payload.last) - pkt_done)
         out_ok = Signal()
-        m.d.comb += out_ok.eq(desc.r_rdy & ((out_meta.paylen == 0) | (pkts_in != 0)))
+        m.d.comb += out_ok.eq(desc.r_rdy & ((out_meta.paylen == 0) | ((pkts_in != 0) & pay_err.r_rdy)))
+        # a packet whose payload the host failed to read is not sent: its message fails with
+        # LOC_PROT_ERR (the response FSM marks it, perr) and its QP goes to ERR
+        bad_pay = (out_meta.paylen != 0) & pay_err.r_data
         with m.FSM(name="emit"):
             with m.State("META"):
-                m.d.comb += [
-                    self.tx.meta.valid.eq(out_ok),
-                    self.tx.meta.payload.eq(out_meta),
-                    desc.r_en.eq(self.tx.meta.ready & out_ok),
-                ]
-                with m.If(out_ok & self.tx.meta.ready & (out_meta.paylen != 0)):
-                    m.next = "DATA"
+                with m.If(out_ok & bad_pay):
+                    with m.If(~perr_v):
+                        m.d.comb += [desc.r_en.eq(1), pay_err.r_en.eq(1), pay_err_stat.eq(1)]
+                        m.d.sync += [perr_v.eq(1), perr_q.eq(out.qpn), perr_slot.eq(out.slot),
+                                     perr_psn.eq(out_meta.psn)]
+                        m.next = "SKIP"
+                with m.Else():
+                    m.d.comb += [
+                        self.tx.meta.valid.eq(out_ok),
+                        self.tx.meta.payload.eq(out_meta),
+                        desc.r_en.eq(self.tx.meta.ready & out_ok),
+                        pay_err.r_en.eq(self.tx.meta.ready & out_ok & (out_meta.paylen != 0)),
+                    ]
+                    with m.If(out_ok & self.tx.meta.ready & (out_meta.paylen != 0)):
+                        m.next = "DATA"
+            with m.State("SKIP"):
+                m.d.comb += [payf.r_en.eq(1), pay_pop.eq(payf.r_rdy)]
+                with m.If(payf.r_rdy & payf.r_data[-1]):        # the beat with last
+                    m.d.comb += pkt_done.eq(1)
+                    m.next = "META"
             with m.State("DATA"):
                 m.d.comb += [
                     self.tx.payload.valid.eq(payf.r_rdy),

@@ -127,6 +127,8 @@ class World:
         self.tx_block = None              # (packets sent, cycles): then tx.meta.ready held low
         self.tx_block_t = None            # when that block started
         self.responder = None             # optional responder model (world, q, meta, payload)
+        self.fail = None                  # fail(addr, len, is_write): the host fails a DMA
+        self.wr_lat = 6                   # DMA write response latency (cycles)
 
     # ---- host-side helpers
     def fill(self, mem, addr, data):
@@ -233,27 +235,29 @@ def run(world, script, max_cycles=20000):
             if v and r:
                 log.append((p.addr, p.len))
                 assert 0 < p.len <= 65535
-                queue.append((world.t + world.dma_lat + rng.randrange(0, 8), p.addr, p.len, p.tag))
+                bad = bool(world.fail and world.fail(p.addr, p.len, False))
+                queue.append((world.t + world.dma_lat + rng.randrange(0, 8), p.addr, p.len, p.tag, bad))
 
     async def dma_read(ctx, port, queue):
         while True:
             if not queue or queue[0][0] > world.t:
                 await ctx.tick()
                 continue
-            _, addr, ln, tag = queue.popleft()
+            _, addr, ln, tag, bad = queue.popleft()
             p = type("Req", (), dict(addr=addr, len=ln, tag=tag))
             nb = (p.len + W - 1) // W
             for b in range(nb):
                 while rng.random() < bp:
-                    ctx.set(port.resp.valid, 0)
+                    ctx.set(port.rd.valid, 0)
                     await ctx.tick()
                 cnt = min(W, p.len - b * W)
-                ctx.set(port.resp.payload, {"data": int.from_bytes(world.get(world.host, p.addr + b * W, cnt), "little"),
-                                            "nbytes": cnt, "last": b == nb - 1, "tag": p.tag})
-                ctx.set(port.resp.valid, 1)
-                assert ctx.get(port.resp.ready)     # read data is never back-pressured
+                data = 0 if bad else int.from_bytes(world.get(world.host, p.addr + b * W, cnt), "little")
+                ctx.set(port.rd.payload, {"data": data, "nbytes": cnt, "last": b == nb - 1,
+                                          "tag": p.tag, "err": int(bad)})
+                ctx.set(port.rd.valid, 1)
+                assert ctx.get(port.rd.ready)       # read data is never back-pressured
                 await ctx.tick()
-            ctx.set(port.resp.valid, 0)
+            ctx.set(port.rd.valid, 0)
 
     wq, pq = deque(), deque()
 
@@ -269,20 +273,37 @@ def run(world, script, max_cycles=20000):
     async def pay_dma(ctx):
         await dma_read(ctx, dut.pay_rd, pq)
 
+    done_q = deque()
+
     async def dma_write(ctx):
         cur = None
+        wr = dut.dma_wr.wr
         while True:
-            ctx.set(dut.dma_wr.ready, rng.random() >= bp)
-            _, _, v, r, p = await ctx.tick().sample(dut.dma_wr.valid, dut.dma_wr.ready, dut.dma_wr.payload)
+            ctx.set(wr.ready, rng.random() >= bp)
+            _, _, v, r, p = await ctx.tick().sample(wr.valid, wr.ready, wr.payload)
             if v and r:
                 if cur is None:
-                    cur = [p.addr, p.len, b""]
+                    cur = [p.addr, p.len, b"", p.tag]
                 cur[2] += int(p.data).to_bytes(W, "little")[:p.nbytes]
                 if p.last:
                     assert len(cur[2]) == cur[1], cur
-                    world.fill(world.host, cur[0], cur[2])
-                    world.writes.append((cur[0], cur[2]))
+                    bad = bool(world.fail and world.fail(cur[0], cur[1], True))
+                    if not bad:
+                        world.fill(world.host, cur[0], cur[2])
+                        world.writes.append((cur[0], cur[2]))
+                    done_q.append((world.t + world.wr_lat, int(cur[3]), bad))
                     cur = None
+
+    async def dma_done(ctx):
+        done = dut.dma_wr.done
+        while True:
+            if done_q and done_q[0][0] <= world.t:
+                _, tag, bad = done_q.popleft()
+                ctx.set(done.payload, {"tag": tag, "err": int(bad)})
+                ctx.set(done.valid, 1)
+            else:
+                ctx.set(done.valid, 0)
+            await ctx.tick()
 
     def respond(q, meta, payload):
         """Responder stand-in: answers like the remote RNIC (9.7.4), with injected NAKs."""
@@ -455,7 +476,8 @@ def run(world, script, max_cycles=20000):
 
     sim = Simulator(bench)
     sim.add_clock(1e-8)
-    for fn in (clock, wqe_req, wqe_dma, pay_req, pay_dma, dma_write, tx, rx, cqe, set_err, doorbells):
+    for fn in (clock, wqe_req, wqe_dma, pay_req, pay_dma, dma_write, dma_done, tx, rx, cqe, set_err,
+               doorbells):
         sim.add_testbench(fn, background=True)
     sim.add_testbench(main)
     sim.run()
@@ -1245,3 +1267,91 @@ def test_wqe_fetches_overlap_random_bp():
     run(world, script)
     for q in range(4):
         check_success(world, q, ws[q])
+
+
+# ---------------------------------------------------------------------------------------
+# the host failing the requester's DMA (docs/errors.md)
+
+def err_script(first, then, n_cqes):
+    """QP 0 to RTS; post ``first`` and wait for their completions; post ``then``; when the
+    requester asks for ERR, deliver the ERR event as the context would; wait for n_cqes."""
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for w in first:
+            world.post(0, w)
+        if first:
+            world.ring(0)
+            await wait(lambda: len(world.cqes) >= sum(1 for w in first if w["flags"] & SIG))
+        for w in then:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: world.set_err)
+        await event(0, formats.QpState.ERR.value)
+        await wait(lambda: len(world.cqes) >= n_cqes)
+        for _ in range(200):
+            await ctx.tick()
+    return script
+
+
+def test_wqe_read_failure():
+    """The host fails the read of a batch of WQEs: the first completes with LOC_QP_OP_ERR
+    (wr_id unknown: 0), the QP goes to ERR, the rest are flushed; nothing is sent for them."""
+    world = World(CFG, 31, bp=0.2)
+    rng = random.Random(31)
+    setup_memory(world, rng)
+    ok = [wqe(O.RDMA_WRITE, 8, SIG, local=GOOD["base"], remote=0x800000) for _ in range(2)]
+    bad = [wqe(O.RDMA_WRITE, 8, SIG, local=GOOD["base"], remote=0x800000) for _ in range(3)]
+    sq = world.qps[0]["sq_base"]
+    world.fail = lambda a, n, w: not w and a < sq + 64 * 5 and a + n > sq + 64 * 2
+    world.final_psn[0] = None
+    run(world, err_script(ok, bad, 5))
+    got = [(c["wr_id"], c["status"]) for c in cqes_of(world, 0)]
+    assert got == [(w["wr_id"], 0) for w in ok] + [(0, S.LOC_QP_OP_ERR.value)] + [
+        (0, S.WR_FLUSH_ERR.value)] * 2
+    assert len(world.tx) == 2 and world.set_err == [0]
+
+
+def test_payload_read_failure():
+    """The host fails the payload read of a WRITE: its packets are not sent, it completes
+    with LOC_PROT_ERR, the QP goes to ERR and the next WR is flushed."""
+    world = World(CFG, 32, bp=0.2)
+    rng = random.Random(32)
+    setup_memory(world, rng)
+    src = GOOD["base"] + 0x4000
+    ok = [wqe(O.RDMA_WRITE, 300, SIG, local=GOOD["base"], remote=0x800000)]
+    bad = [wqe(O.RDMA_WRITE, 600, SIG, local=src, remote=0x810000),
+           wqe(O.SEND, 8, SIG, local=GOOD["base"])]
+    world.fail = lambda a, n, w: not w and src <= a < src + 600
+    world.final_psn[0] = None
+    run(world, err_script(ok, bad, 3))
+    got = [(c["wr_id"], c["status"]) for c in cqes_of(world, 0)]
+    assert got == [(ok[0]["wr_id"], 0), (bad[0]["wr_id"], S.LOC_PROT_ERR.value),
+                   (bad[1]["wr_id"], S.WR_FLUSH_ERR.value)]
+    # the WRITE of 600 bytes (3 packets) never left: the only packets are the first WRITE's 2
+    # and maybe the SEND's
+    assert not any(m["va"] == 0x810000 for _, _, m, _ in world.tx)
+    assert world.stats["stat_dma_err"] >= 1 and world.set_err[0] == 0
+
+
+@pytest.mark.parametrize("signaled", [SIG, 0])
+def test_read_data_write_failure(signaled):
+    """The host fails the write of a READ's data into the local buffer: the READ completes
+    with LOC_PROT_ERR even if unsignaled (after its write was answered), the QP goes to ERR."""
+    world = World(CFG, 33, bp=0.2)
+    rng = random.Random(33)
+    setup_memory(world, rng)
+    dst = GOOD["base"] + 0x2000
+    ok = [wqe(O.RDMA_READ, 16, SIG, local=GOOD["base"] + 0x100, remote=0x800000)]
+    bad = [wqe(O.RDMA_READ, 64, signaled, local=dst, remote=0x800100),
+           wqe(O.RDMA_WRITE, 8, SIG, local=GOOD["base"], remote=0x800000)]
+    world.fail = lambda a, n, w: w and dst <= a < dst + 64
+    world.final_psn[0] = None
+    run(world, err_script(ok, bad, 3))
+    got = [(c["wr_id"], c["status"]) for c in cqes_of(world, 0)]
+    assert got[:2] == [(ok[0]["wr_id"], 0), (bad[0]["wr_id"], S.LOC_PROT_ERR.value)]
+    assert got[2] in ((bad[1]["wr_id"], 0), (bad[1]["wr_id"], S.WR_FLUSH_ERR.value))
+    assert world.set_err == [0] and world.stats["stat_dma_err"] == 1
+    # the failed completion was not announced before the host answered the write
+    t_cqe = [c["t"] for c in world.cqes if c["status"]][0]
+    t_data = max(t for t, m in world.rx_log if m["opcode"] == B.READ_RESPONSE_ONLY.value)
+    assert t_cqe >= t_data + world.wr_lat
