@@ -17,8 +17,17 @@ The responder executes **one request packet at a time** (a sequential FSM): the 
 meta is latched, the QP context (``qp`` lookup) and the per-QP responder state (a
 ``lib.memory.Memory`` row: expected PSN, MSN, receive-queue consumer index and the state of
 the message in progress) are read, the packet is checked, then executed (payload streamed
-to ``dma_wr``; receive WQE and atomics through ``dma_rd``), then the CQE, the QP-error
-request and the ACK/NAK are issued in that order and the state row is written back.
+to ``wr``; the receive WQE read through ``rd_wqe``, atomics by the atomic unit through
+``at_rd`` / ``at_wr``), then the CQE, the QP-error request and the ACK/NAK are issued in that
+order and the state row is written back.
+
+The CQE and the response descriptors pass a :class:`~hw.lib.write_gate.WriteGate` first:
+they leave, in order, only once the host has answered the payload writes issued before
+them, so an ACK never announces data the host did not take (as an AXI master waits for its
+write response). If a payload write of a QP failed, its next response becomes a NAK
+(remote operational error, IBA 9.7.5.2.4) and the QP goes to ERR; a receive completion of
+that QP becomes LOC_PROT_ERR. A QP-error request of the FSM itself (a fatal NAK) goes to
+``set_err`` at once, so that the QP refuses the packets that follow.
 
 Responses (ACK/NAK, RNR NAK, READ responses, ATOMIC_ACKNOWLEDGE) are never sent by the
 FSM itself: it writes one **response descriptor** (:data:`RESP_ENTRY`) into the ordered
@@ -33,10 +42,15 @@ response queue and goes on with the next request. Two engines work on that queue
   FIRST/MIDDLE/LAST/ONLY packets, each header leaving only once the packet's whole payload is
   in the ring (store and forward), followed by the payload from the ring.
 
-``dma_rd`` requests come from the FSM (receive WQE), the atomic unit and the prefetcher
-(a two-way arbiter that keeps a request offered until taken); the DMA answers in request
-order and the data is routed by tag: READ data to the ring, the rest to the FSM / atomic unit
-(which are waiting for it). ``dma_wr`` is driven by the FSM (payload) or the atomic unit.
+Each DMA user has a port of its own on the NIC's DMA engine (``hw/dma/``): the prefetcher
+``rd_data``, the receive-WQE fetch ``rd_wqe``, the atomic unit ``at_rd``/``at_wr``, the
+payload ``wr``; a port that stalls stalls only itself.
+
+Host-interface errors (docs/errors.md): a READ packet whose data the host failed to read is
+replaced by a NAK (remote operational error) at its PSN, the rest of the READ is dropped and
+the QP goes to ERR; a receive WQE the host failed to read: NAK, receive completion
+LOC_QP_OP_ERR with wr_id 0 (unknown); an atomic whose read or write failed: NAK, nothing
+remembered for a duplicate.
 
 Deadlock freedom
 ----------------
@@ -50,14 +64,14 @@ our responder). The responder breaks it on its side with three rules:
    9.7.5: the responder returns ACKs, NAKs, READ responses and atomic acknowledges in the
    order of the requests). Each requester QP has at most ``max_outstanding`` messages
    outstanding, each causing at most one response descriptor, so the queue cannot fill with
-   a conforming peer. If it is full anyway (a configuration error) the FSM waits and
-   ``stat_resp_full`` pulses every cycle it waits.
+   a conforming peer. If it is full anyway (a configuration error) the gate's output waits
+   (``stat_resp_full`` pulses every cycle it waits) and, once the gate is full, the FSM.
+   The gate waits only on host write responses, never on tx.
 2. **READ DMA data is always accepted at once.** The prefetcher issues the DMA read of a
    response packet only after reserving ring space for all of its beats (the ring holds
    ``read_buffers`` >= 2 MTUs, so the read of the next packet overlaps sending the current
-   one); a header goes to ``tx`` only when its payload is complete. READ data therefore
-   never blocks the single in-order DMA response stream that the other read clients (the FSM,
-   the atomic unit, the requester) share.
+   one); a header goes to ``tx`` only when its payload is complete, so ``tx`` never waits
+   on host memory in the middle of a packet.
 3. **The FSM's own DMA reads (receive WQE, atomic operand) are consumed as soon as they
    arrive**: the FSM (or the atomic unit) waits for them right after issuing them.
 
@@ -116,9 +130,11 @@ Ports
 ``rx``: ``In(PacketOut(W))``, ``tx``: ``Out(PacketOut(W))``, ``node_id``: ``In(8)``,
 ``qp``: ``Out(Lookup(log2(n_qps), QP_LOOKUP))``, ``mr``: ``Out(Lookup(log2(n_mrs), MR_ENTRY))``,
 ``qp_event``: ``In(QpEvent())``, ``rq_db``: ``In(DoorbellEvent())``, ``set_err``: ``Out(QpErrRequest())``,
-``dma_rd``: ``Out(DmaReadClient(W))``, ``dma_wr``: ``Out(DmaWrite(W))``, ``cqe``: ``Out(CqeRequest())``,
+``rd_data``, ``rd_wqe``, ``at_rd``: ``Out(DmaReadPort(W))``, ``wr``, ``at_wr``:
+``Out(DmaWritePort(W))``, ``cqe``: ``Out(CqeRequest())``,
 ``stat_nak``: ``Out(1)`` (a NAK leaves on ``tx``), ``stat_drop``: ``Out(1)``,
-``stat_resp_full``: ``Out(1)`` (the FSM waits for room in the response queue this cycle).
+``stat_resp_full``: ``Out(1)`` (a response waits for room in the response queue this cycle),
+``stat_dma_err``: ``Out(1)`` (a host-interface error was turned into a NAK).
 
 Parameter ``read_buffers`` (power of two in [2, 16], default 4): size of the READ payload
 ring in MTUs.
@@ -126,6 +142,7 @@ ring in MTUs.
 
 from amaranth.hdl import Cat, Module, Signal, Const, Mux
 from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -134,8 +151,11 @@ from .atomic import AtomicUnit, ATOMIC_CAS, ATOMIC_FAA
 from .config import NicConfig
 from .formats import (BthOpcode as Op, AethSyndrome as Syn, Access, QpState, WcOpcode, WcStatus,
                       PKT_META, RECV_WQE, RECV_WQE_BYTES, CQE_FLAG_IMM, MR_ENTRY)
+from .arbiter import StreamArbiter
+from .formats import CQE
 from .interfaces import (PacketOut, Lookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
-                         DmaReadClient, DmaWrite, CqeRequest, beat_layout)
+                         DmaReadPort, DmaWritePort, CqeRequest, beat_layout)
+from .lib.write_gate import WriteGate
 from .regmap import mkey_index  # noqa: F401  (the MR slot computed below is the same function)
 
 __all__ = ["Responder", "RSP_STATE", "RESP_ENTRY", "RNR_TIMER", "UDP_SPORT_BASE",
@@ -188,7 +208,13 @@ RESP_ENTRY = data.StructLayout({
     "udp_sport": 16,
     "arg": 64,        # READ: virtual address; ATOMIC: original value
     "len": 32,        # READ: DMA length
+    "qpn": 24,        # the local QP
 })
+
+#: What the FSM announces, in order, through the write gate (a CQE or a response descriptor):
+#: nothing leaves before the payload written before it is answered.
+ITEM_CQE, ITEM_RESP = 0, 2
+RSP_ITEM = data.StructLayout({"kind": 2, "cqn": 16, "cqe": CQE, "resp": RESP_ENTRY})
 
 
 class Responder(wiring.Component):
@@ -214,8 +240,11 @@ class Responder(wiring.Component):
             "qp_event": In(QpEvent()),
             "rq_db": In(DoorbellEvent()),
             "set_err": Out(QpErrRequest()),
-            "dma_rd": Out(DmaReadClient(W)),
-            "dma_wr": Out(DmaWrite(W)),
+            "rd_data": Out(DmaReadPort(W)),
+            "rd_wqe": Out(DmaReadPort(W)),
+            "wr": Out(DmaWritePort(W)),
+            "at_rd": Out(DmaReadPort(W)),
+            "at_wr": Out(DmaWritePort(W)),
             "cqe": Out(CqeRequest()),
             "stat_nak": Out(1),
             "stat_drop": Out(1),
@@ -224,6 +253,7 @@ class Responder(wiring.Component):
             "stat_seq_drop": Out(1),
             "stat_replay": Out(1),
             "stat_coalesce": Out(1),
+            "stat_dma_err": Out(1),
         })
 
     def elaborate(self, platform):
@@ -387,7 +417,7 @@ class Responder(wiring.Component):
         q_p = Signal(qk + 1)
         q_t = Signal(qk + 1)
         q_full = (q_w - q_t)[:qk + 1] == qd
-        q_push = Signal()              # the FSM offers q_entry
+        q_push = Signal()              # the gate's output offers q_entry
         q_over = Signal()              # ... as a replacement of the newest entry (coalesced ACK)
         q_entry = Signal(RESP_ENTRY)
         m.d.comb += [
@@ -404,46 +434,40 @@ class Responder(wiring.Component):
         la_qpn = Signal(qb)
         with m.If(q_wr.en):
             m.d.sync += [la_valid.eq((q_entry.kind == RESP_ACK) & (q_entry.syn == Syn.ACK.value)),
-                         la_qpn.eq(qpn)]
+                         la_qpn.eq(q_entry.qpn)]
         # the newest entry is neither sent nor offered on tx: at least two entries queued
         q_two = (q_w - q_t)[:qk + 1] >= 2
 
+        # ---- the write gate: CQEs, QP errors and responses leave once the payload writes
+        # before them are answered; a failed write turns the QP's next response into a NAK
+        # (remote operational error) and its CQEs into LOC_PROT_ERR
+        m.submodules.gate = gate = WriteGate(RSP_ITEM, qb, depth=64)
+        wr = self.wr.wr
+        wiring.connect(m, wiring.flipped(self.wr.done), gate.done)
+        m.d.comb += gate.wr_issued.eq(wr.valid & wr.ready & wr.payload.last)
+        gi = gate.i.payload.item
+        # set_err: the gate's output (a failed write), the transmitter (a failed READ), the FSM
+        m.submodules.err_arb = err_arb = StreamArbiter(data.StructLayout({"qpn": 24}), 3)
+        wiring.connect(m, err_arb.o, wiring.flipped(self.set_err))
+        dma_err_fsm, dma_err_gate, dma_err_tx = Signal(), Signal(), Signal()
+        m.d.comb += self.stat_dma_err.eq(dma_err_fsm | dma_err_gate | dma_err_tx)
+
         def push(kind, psn, syn, msn, arg=0, length=0):
-            """Offer one response descriptor; returns the condition under which it is taken."""
+            """Offer one response descriptor to the gate; returns when it is taken."""
+            r = gi.resp
             m.d.comb += [
-                q_push.eq(1),
-                q_entry.kind.eq(kind), q_entry.psn.eq(psn), q_entry.syn.eq(syn),
-                q_entry.msn.eq(msn), q_entry.arg.eq(arg), q_entry.len.eq(length),
-                q_entry.dest_node.eq(ctx.dest_node), q_entry.dest_qpn.eq(ctx.dest_qpn),
-                q_entry.udp_sport.eq(UDP_SPORT_BASE | pk.dest_qpn[:14]),
+                gate.i.valid.eq(1), gate.i.payload.key.eq(qpn), gi.kind.eq(ITEM_RESP),
+                r.kind.eq(kind), r.psn.eq(psn), r.syn.eq(syn),
+                r.msn.eq(msn), r.arg.eq(arg), r.len.eq(length), r.qpn.eq(qpn),
+                r.dest_node.eq(ctx.dest_node), r.dest_qpn.eq(ctx.dest_qpn),
+                r.udp_sport.eq(UDP_SPORT_BASE | pk.dest_qpn[:14]),
             ]
-            return ~q_full
+            return gate.i.ready
 
-        # ---- dma_rd: the FSM / atomic unit and the READ prefetcher share the request port
-        f_req_valid = Signal()
-        f_req = Signal.like(self.dma_rd.req.payload)
-        f_req_ready = Signal()
-        p_req_valid = Signal()
-        p_req = Signal.like(self.dma_rd.req.payload)
-        p_req_ready = Signal()
-        p_lock = Signal()              # the prefetcher's request is on the port, not yet taken
-        sel_p = p_req_valid & (p_lock | ~f_req_valid)
-        m.d.comb += [
-            self.dma_rd.req.valid.eq(Mux(sel_p, p_req_valid, f_req_valid)),
-            self.dma_rd.req.payload.eq(Mux(sel_p, p_req, f_req)),
-            p_req_ready.eq(sel_p & self.dma_rd.req.ready),
-            f_req_ready.eq(~sel_p & self.dma_rd.req.ready),
-        ]
-        m.d.sync += p_lock.eq(sel_p & ~self.dma_rd.req.ready)
-
-        # dma_rd responses: READ data to the payload ring (always accepted: space was
-        # reserved), the rest (receive WQE, atomic) to the FSM, which is waiting for them;
-        # both are in request order on the one response stream
-        resp = self.dma_rd.resp
-        resp_is_read = resp.payload.tag == READ_DMA_TAG
-        m_resp_valid = resp.valid & ~resp_is_read
-        m_resp_ready = Signal()
-        m.d.comb += resp.ready.eq(resp_is_read | m_resp_ready)
+        # ---- the atomic unit has DMA ports of its own
+        wiring.connect(m, atomic.dma_rd, wiring.flipped(self.at_rd))
+        wiring.connect(m, atomic.dma_wr, wiring.flipped(self.at_wr))
+        wqe_err = Signal()             # the host failed the receive WQE's read
         ev = self.qp_event.payload
         ev_ok = self.qp_event.valid & ((ev.qpn >> qb) == 0)
         # RESET, INIT and RTR start the receive side afresh (RTR: at the given PSN); RTS and
@@ -576,19 +600,21 @@ class Responder(wiring.Component):
             # ---- receive WQE fetch -------------------------------------------------------
             with m.State("WQE_REQ"):
                 m.d.comb += [
-                    f_req_valid.eq(1),
-                    f_req.addr.eq(wqe_addr),
-                    f_req.len.eq(RECV_WQE_BYTES),
-                    f_req.tag.eq(WQE_DMA_TAG),
+                    self.rd_wqe.req.valid.eq(1),
+                    self.rd_wqe.req.payload.addr.eq(wqe_addr),
+                    self.rd_wqe.req.payload.len.eq(RECV_WQE_BYTES),
+                    self.rd_wqe.req.payload.tag.eq(WQE_DMA_TAG),
                 ]
-                with m.If(f_req_ready):
-                    m.d.sync += wqe_cnt.eq(0)
+                with m.If(self.rd_wqe.req.ready):
+                    m.d.sync += [wqe_cnt.eq(0), wqe_err.eq(0)]
                     m.next = "WQE_DATA"
 
             with m.State("WQE_DATA"):
-                m.d.comb += m_resp_ready.eq(1)
-                beat = resp.payload
-                with m.If(m_resp_valid):
+                m.d.comb += self.rd_wqe.rd.ready.eq(1)
+                beat = self.rd_wqe.rd.payload
+                with m.If(self.rd_wqe.rd.valid):
+                    with m.If(beat.err):
+                        m.d.sync += wqe_err.eq(1)
                     if W >= RECV_WQE_BYTES:
                         m.d.sync += wqe.as_value().eq(beat.data[:8 * RECV_WQE_BYTES])
                     else:
@@ -604,13 +630,24 @@ class Responder(wiring.Component):
                             m.next = "WQE_CHECK"
 
             with m.State("WQE_IMM"):
-                m.d.sync += c_wr_id.eq(wqe.wr_id)
+                with m.If(wqe_err):
+                    # the WQE could not be read: its wr_id is unknown (0), the QP fails
+                    m.d.comb += dma_err_fsm.eq(1)
+                    nak(Syn.NAK_REM_OP_ERR.value, 1)
+                    completion(WcStatus.LOC_QP_OP_ERR, WcOpcode.RECV_RDMA_WITH_IMM, 0, 0, 0)
+                with m.Else():
+                    m.d.sync += c_wr_id.eq(wqe.wr_id)
                 m.next = "FIN_DISCARD"
 
             with m.State("WQE_CHECK"):
                 m.d.comb += mr_key.eq(wqe.lkey)
                 m.d.sync += s.ci.eq(s.ci + 1)
-                with m.If(q_prot_bad):
+                with m.If(wqe_err):
+                    m.d.comb += dma_err_fsm.eq(1)
+                    nak(Syn.NAK_REM_OP_ERR.value, 1)
+                    completion(WcStatus.LOC_QP_OP_ERR, WcOpcode.RECV, 0, 0, 0)
+                    m.next = "FIN_DISCARD"
+                with m.Elif(q_prot_bad):
                     nak(Syn.NAK_REM_OP_ERR.value, 1)
                     completion(WcStatus.LOC_PROT_ERR, WcOpcode.RECV, 0, wqe.wr_id, 0)
                     m.next = "FIN_DISCARD"
@@ -638,15 +675,16 @@ class Responder(wiring.Component):
             # ---- payload to memory ----------------------------------------------------
             with m.State("WDATA"):
                 m.d.comb += [
-                    self.dma_wr.valid.eq(self.rx.payload.valid),
-                    self.rx.payload.ready.eq(self.dma_wr.ready),
-                    self.dma_wr.payload.addr.eq(wr_addr),
-                    self.dma_wr.payload.len.eq(pk.paylen),
-                    self.dma_wr.payload.data.eq(self.rx.payload.payload.data),
-                    self.dma_wr.payload.nbytes.eq(self.rx.payload.payload.nbytes),
-                    self.dma_wr.payload.last.eq(self.rx.payload.payload.last),
+                    wr.valid.eq(self.rx.payload.valid),
+                    self.rx.payload.ready.eq(wr.ready),
+                    wr.payload.addr.eq(wr_addr),
+                    wr.payload.len.eq(pk.paylen),
+                    wr.payload.tag.eq(qpn),
+                    wr.payload.data.eq(self.rx.payload.payload.data),
+                    wr.payload.nbytes.eq(self.rx.payload.payload.nbytes),
+                    wr.payload.last.eq(self.rx.payload.payload.last),
                 ]
-                with m.If(self.rx.payload.valid & self.dma_wr.ready & self.rx.payload.payload.last):
+                with m.If(self.rx.payload.valid & wr.ready & self.rx.payload.payload.last):
                     m.d.sync += pay_pending.eq(0)
                     with m.If(is_wimm):
                         m.next = "WQE_REQ"
@@ -691,22 +729,7 @@ class Responder(wiring.Component):
                     m.next = "FIN_DISCARD"
 
             # ---- atomics --------------------------------------------------------------
-            def connect_atomic_dma():
-                a_rd, a_wr = atomic.dma_rd, atomic.dma_wr
-                m.d.comb += [
-                    f_req_valid.eq(a_rd.req.valid),
-                    f_req.eq(a_rd.req.payload),
-                    a_rd.req.ready.eq(f_req_ready),
-                    a_rd.resp.valid.eq(m_resp_valid),
-                    a_rd.resp.payload.eq(resp.payload),
-                    m_resp_ready.eq(a_rd.resp.ready),
-                    self.dma_wr.valid.eq(a_wr.valid),
-                    self.dma_wr.payload.eq(a_wr.payload),
-                    a_wr.ready.eq(self.dma_wr.ready),
-                ]
-
             with m.State("AT_IN"):
-                connect_atomic_dma()
                 m.d.comb += [
                     atomic.i.valid.eq(1),
                     atomic.i.payload.op.eq(Mux(op == Op.FETCH_ADD.value, ATOMIC_FAA, ATOMIC_CAS)),
@@ -718,9 +741,14 @@ class Responder(wiring.Component):
                     m.next = "AT_RUN"
 
             with m.State("AT_RUN"):
-                connect_atomic_dma()
                 m.d.comb += atomic.o.ready.eq(1)
-                with m.If(atomic.o.valid):
+                with m.If(atomic.o.valid & atomic.o.payload.err):
+                    # the host failed the atomic's read or write: remote operational error,
+                    # QP to ERR, nothing remembered for a duplicate
+                    m.d.comb += dma_err_fsm.eq(1)
+                    nak(Syn.NAK_REM_OP_ERR.value, 1)
+                    m.next = "FIN_DISCARD"
+                with m.Elif(atomic.o.valid):
                     # remember the result for a duplicate of this request
                     m.d.comb += [
                         rc_wr.addr.eq(Cat(s.rp, qpn)),
@@ -759,10 +787,10 @@ class Responder(wiring.Component):
                     fin_next(0)
 
             with m.State("FIN_CQE"):
-                c = self.cqe.payload.cqe
+                c = gi.cqe
                 m.d.comb += [
-                    self.cqe.valid.eq(1),
-                    self.cqe.payload.cqn.eq(ctx.recv_cq),
+                    gate.i.valid.eq(1), gate.i.payload.key.eq(qpn), gi.kind.eq(ITEM_CQE),
+                    gi.cqn.eq(ctx.recv_cq),
                     c.wr_id.eq(c_wr_id),
                     c.status.eq(c_status),
                     c.opcode.eq(c_opcode),
@@ -773,7 +801,7 @@ class Responder(wiring.Component):
                     c.src_qpn.eq(ctx.dest_qpn),
                     c.flags.eq(c_flags),
                 ]
-                with m.If(self.cqe.ready):
+                with m.If(gate.i.ready):
                     fin_next(1)
 
             with m.State("FIN_ERR"):
@@ -782,20 +810,14 @@ class Responder(wiring.Component):
                     # error belonged to its old incarnation, the new one stays as it is
                     fin_next(2)
                 with m.Else():
-                    m.d.comb += [
-                        self.set_err.valid.eq(1),
-                        self.set_err.payload.qpn.eq(qpn),
-                    ]
-                    with m.If(self.set_err.ready):
+                    # at once, not through the gate: the QP must refuse the packets that
+                    # follow (the NAK itself stays in order with the other responses)
+                    m.d.comb += [err_arb.i[2].valid.eq(1), err_arb.i[2].payload.qpn.eq(qpn)]
+                    with m.If(err_arb.i[2].ready):
                         fin_next(2)
 
             with m.State("FIN_ACK"):
-                taken = push(RESP_ACK, ack_psn, ack_syn, ack_msn)
-                with m.If(la_valid & (la_qpn == qpn) & (ack_syn == Syn.ACK.value) & q_two):
-                    # coalesced ACK: replaces the same QP's queued, not yet sent ACK
-                    m.d.comb += q_over.eq(1)
-                    fin_next(3)
-                with m.Elif(taken):
+                with m.If(push(RESP_ACK, ack_psn, ack_syn, ack_msn)):
                     fin_next(3)
 
             with m.State("FIN_WB"):
@@ -805,6 +827,48 @@ class Responder(wiring.Component):
                     m.d.comb += [st_wr.addr.eq(qpn), st_wr.data.eq(s), st_wr.en.eq(1)]
                     m.next = "IDLE"
                 # else: the write port is taken by an event for another QP this cycle; retry
+
+        # ---- the gate's output: CQEs, QP-error requests and the response queue ------------
+        g = gate.o.payload
+        gitem = g.item
+        d_nak_sent = Signal()          # a failed QP's NAK is queued, its ERR request waits
+        g_cqe = Signal(CQE)
+        m.d.comb += [
+            g_cqe.eq(gitem.cqe),
+            self.cqe.payload.cqn.eq(gitem.cqn),
+            self.cqe.payload.cqe.eq(g_cqe),
+            q_entry.eq(gitem.resp),
+            err_arb.i[0].payload.qpn.eq(g.key),
+        ]
+        with m.If(g.err & (gitem.cqe.status == 0)):
+            m.d.comb += [g_cqe.status.eq(WcStatus.LOC_PROT_ERR.value), g_cqe.byte_len.eq(0)]
+        with m.If(gate.o.valid):
+            with m.Switch(gitem.kind):
+                with m.Case(ITEM_CQE):
+                    m.d.comb += [self.cqe.valid.eq(1), gate.o.ready.eq(self.cqe.ready)]
+                with m.Default():
+                    with m.If(g.err):
+                        # a payload write of this QP failed: its response becomes a NAK
+                        # (remote operational error, IBA 9.7.5.2.4) and the QP goes to ERR
+                        m.d.comb += [q_entry.kind.eq(RESP_ACK),
+                                     q_entry.syn.eq(Syn.NAK_REM_OP_ERR.value)]
+                        with m.If(~d_nak_sent):
+                            m.d.comb += q_push.eq(1)
+                            with m.If(~q_full):
+                                m.d.sync += d_nak_sent.eq(1)
+                        with m.Else():
+                            m.d.comb += [err_arb.i[0].valid.eq(1),
+                                         gate.o.ready.eq(err_arb.i[0].ready),
+                                         gate.clear.eq(1),
+                                         dma_err_gate.eq(err_arb.i[0].ready)]
+                            with m.If(err_arb.i[0].ready):
+                                m.d.sync += d_nak_sent.eq(0)
+                    with m.Elif(la_valid & (la_qpn == g.key) & (gitem.resp.kind == RESP_ACK)
+                                & (gitem.resp.syn == Syn.ACK.value) & q_two):
+                        # coalesced ACK: replaces the same QP's queued, not yet sent ACK
+                        m.d.comb += [q_over.eq(1), gate.o.ready.eq(1)]
+                    with m.Else():
+                        m.d.comb += [q_push.eq(1), gate.o.ready.eq(~q_full)]
 
         # ---- READ payload ring (rule 2 of "Deadlock freedom") --------------------------
         cap = self.read_buffers * mtu // W            # beats; a power of two
@@ -820,7 +884,12 @@ class Responder(wiring.Component):
         n_filled = Signal(ck + 1)          # packets completely in the ring (free running)
         n_sent = Signal(ck + 1)            # packets whose payload has been sent
         m.d.sync += r_used.eq(r_used + r_alloc - r_free)
-        with m.If(resp.valid & resp_is_read):
+        # per packet in the ring: did the host fail its read
+        m.submodules.pkt_err = pkt_err = SyncFIFOBuffered(width=1, depth=cap)
+        resp = self.rd_data.rd
+        m.d.comb += [resp.ready.eq(1), pkt_err.w_data.eq(resp.payload.err),
+                     pkt_err.w_en.eq(resp.valid & resp.payload.last)]
+        with m.If(resp.valid):
             m.d.comb += [
                 ring_wr.addr.eq(r_wp),
                 ring_wr.data.data.eq(resp.payload.data),
@@ -841,6 +910,7 @@ class Responder(wiring.Component):
         pf_rem = Signal(32)
         pf_chunk = Mux(pf_rem > mtu, mtu, pf_rem)
         pf_beats = (pf_chunk + (W - 1)) >> exact_log2(W)
+        p_req = self.rd_data.req
         with m.FSM(name="prefetch") as pf_fsm:
             with m.State("SCAN"):
                 with m.If(q_p != q_w):
@@ -851,12 +921,12 @@ class Responder(wiring.Component):
                         m.d.comb += p_adv.eq(1)
             with m.State("ISSUE"):
                 m.d.comb += [
-                    p_req_valid.eq(cap - r_used >= pf_beats),
-                    p_req.addr.eq(pf_addr),
-                    p_req.len.eq(pf_chunk),
-                    p_req.tag.eq(READ_DMA_TAG),
+                    p_req.valid.eq(cap - r_used >= pf_beats),
+                    p_req.payload.addr.eq(pf_addr),
+                    p_req.payload.len.eq(pf_chunk),
+                    p_req.payload.tag.eq(READ_DMA_TAG),
                 ]
-                with m.If(p_req_valid & p_req_ready):
+                with m.If(p_req.valid & p_req.ready):
                     m.d.comb += r_alloc.eq(pf_beats)
                     m.d.sync += [pf_addr.eq(pf_addr + pf_chunk), pf_rem.eq(pf_rem - pf_chunk)]
                     with m.If(pf_rem <= mtu):
@@ -873,6 +943,7 @@ class Responder(wiring.Component):
         x_rem = Signal(32)
         x_psn = Signal(24)
         x_first = Signal()
+        x_bad = Signal()               # a packet of this READ could not be read from memory
         x_chunk = Mux(x_rem > mtu, mtu, x_rem)
         x_last = x_rem <= mtu
         r_fire = Signal()
@@ -886,7 +957,8 @@ class Responder(wiring.Component):
                 # packets are being requested; each header waits for its payload below)
                 with m.If((q_t != q_p) | pf_fsm.ongoing("ISSUE")):
                     with m.If(te.kind == RESP_READ):
-                        m.d.sync += [rd.eq(te), x_rem.eq(te.len), x_psn.eq(te.psn), x_first.eq(1)]
+                        m.d.sync += [rd.eq(te), x_rem.eq(te.len), x_psn.eq(te.psn), x_first.eq(1),
+                                     x_bad.eq(0)]
                         m.next = "META"
                     with m.Else():
                         is_at = te.kind == RESP_ATOMIC
@@ -908,25 +980,58 @@ class Responder(wiring.Component):
                             ]
             with m.State("META"):
                 has_aeth = x_first | x_last
-                m.d.comb += [
-                    # store and forward: the header leaves once its payload is in the ring
-                    self.tx.meta.valid.eq((x_chunk == 0) | (n_filled != n_sent)),
-                    tm.dst_node.eq(rd.dest_node),
-                    tm.dest_qpn.eq(rd.dest_qpn),
-                    tm.udp_sport.eq(rd.udp_sport),
-                    tm.opcode.eq(Mux(x_first,
-                                     Mux(x_last, Op.READ_RESPONSE_ONLY.value, Op.READ_RESPONSE_FIRST.value),
-                                     Mux(x_last, Op.READ_RESPONSE_LAST.value, Op.READ_RESPONSE_MIDDLE.value))),
-                    tm.psn.eq(x_psn),
-                    tm.syndrome.eq(Mux(has_aeth, Syn.ACK.value, 0)),
-                    tm.msn.eq(Mux(has_aeth, rd.msn, 0)),
-                    tm.paylen.eq(x_chunk),
-                ]
-                with m.If(self.tx.meta.valid & self.tx.meta.ready):
-                    with m.If(x_chunk != 0):
-                        m.next = "DATA"
+                filled = (n_filled != n_sent) & pkt_err.r_rdy
+                # the host failed this packet's read: a NAK (remote operational error, IBA
+                # 9.7.5.2.4) at its PSN instead, the rest of the READ is dropped, QP to ERR
+                failed = (x_chunk != 0) & filled & (pkt_err.r_data | x_bad)
+                with m.If(failed):
+                    with m.If(x_bad):
+                        m.d.comb += pkt_err.r_en.eq(1)
+                        m.next = "SKIP"
                     with m.Else():
-                        m.next = "NEXT"
+                        m.d.comb += [
+                            self.tx.meta.valid.eq(1),
+                            tm.dst_node.eq(rd.dest_node),
+                            tm.dest_qpn.eq(rd.dest_qpn),
+                            tm.udp_sport.eq(rd.udp_sport),
+                            tm.opcode.eq(Op.ACKNOWLEDGE.value),
+                            tm.psn.eq(x_psn),
+                            tm.syndrome.eq(Syn.NAK_REM_OP_ERR.value),
+                            tm.msn.eq(rd.msn),
+                        ]
+                        with m.If(self.tx.meta.ready):
+                            m.d.comb += [pkt_err.r_en.eq(1), self.stat_nak.eq(1),
+                                         dma_err_tx.eq(1)]
+                            m.d.sync += x_bad.eq(1)
+                            m.next = "SKIP"
+                with m.Else():
+                    m.d.comb += [
+                        # store and forward: the header leaves once its payload is in the ring
+                        self.tx.meta.valid.eq((x_chunk == 0) | filled),
+                        tm.dst_node.eq(rd.dest_node),
+                        tm.dest_qpn.eq(rd.dest_qpn),
+                        tm.udp_sport.eq(rd.udp_sport),
+                        tm.opcode.eq(Mux(x_first,
+                                         Mux(x_last, Op.READ_RESPONSE_ONLY.value, Op.READ_RESPONSE_FIRST.value),
+                                         Mux(x_last, Op.READ_RESPONSE_LAST.value, Op.READ_RESPONSE_MIDDLE.value))),
+                        tm.psn.eq(x_psn),
+                        tm.syndrome.eq(Mux(has_aeth, Syn.ACK.value, 0)),
+                        tm.msn.eq(Mux(has_aeth, rd.msn, 0)),
+                        tm.paylen.eq(x_chunk),
+                    ]
+                    with m.If(self.tx.meta.valid & self.tx.meta.ready):
+                        with m.If(x_chunk != 0):
+                            m.d.comb += pkt_err.r_en.eq(1)
+                            m.next = "DATA"
+                        with m.Else():
+                            m.next = "NEXT"
+            with m.State("SKIP"):
+                # the payload of a packet not sent
+                m.d.comb += [r_fire.eq(1), r_free.eq(1)]
+                m.d.sync += r_rp.eq(r_rp + 1)
+                with m.If(ring_rd.data.last):
+                    m.d.sync += n_sent.eq(n_sent + 1)
+                    m.next = "NEXT"
             with m.State("DATA"):
                 m.d.comb += [
                     self.tx.payload.valid.eq(1),
@@ -943,9 +1048,16 @@ class Responder(wiring.Component):
                 m.d.sync += [x_rem.eq(x_rem - x_chunk), x_psn.eq(x_psn + 1), x_first.eq(0)]
                 with m.If(x_last):
                     m.d.comb += t_adv.eq(1)
-                    m.next = "IDLE"
+                    with m.If(x_bad):
+                        m.next = "ERRQ"
+                    with m.Else():
+                        m.next = "IDLE"
                 with m.Else():
                     m.next = "META"
+            with m.State("ERRQ"):
+                m.d.comb += [err_arb.i[1].valid.eq(1), err_arb.i[1].payload.qpn.eq(rd.qpn)]
+                with m.If(err_arb.i[1].ready):
+                    m.next = "IDLE"
 
         with m.If(kill_now & ~fsm.ongoing("IDLE")):
             m.d.sync += killed.eq(1)

@@ -388,8 +388,10 @@ class Model:
 # the simulation bench
 
 def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd_latency=2, tx_p=0.6,
-             tx_hold=0, read_buffers=4):
-    """``tx_hold``: tx (meta and payload) is not ready before that cycle."""
+             tx_hold=0, read_buffers=4, fail=None):
+    """``tx_hold``: tx (meta and payload) is not ready before that cycle. ``fail(addr, len,
+    is_write)``: the host fails that DMA (a read's data is zero with err, a write changes
+    nothing and its done has err)."""
     rng = random.Random(seed)
     dut = Responder(cfg, read_buffers=read_buffers)
     W = cfg.data_bytes
@@ -405,8 +407,11 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
         todo = list(items)
         rx_beats = []          # (data, nbytes, last)
         presented = False      # head packet's beats already queued
-        rd = []                # [ready_cycle, data, nbytes, last, tag]
-        wr = None
+        rd_ports = (dut.rd_data, dut.rd_wqe, dut.at_rd)
+        wr_ports = (dut.wr, dut.at_wr)
+        rd = {k: [] for k in range(3)}      # per read port: [ready_cycle, data, nbytes, last, tag, err]
+        wr = {k: None for k in range(2)}    # per write port: the write being received
+        dones = {k: [] for k in range(2)}   # per write port: [ready_cycle, tag, err]
         tx_open = None         # [meta, expected paylen, bytes]
         cyc = quiet = 0
         ctx.set(dut.node_id, NODE)
@@ -442,22 +447,33 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
             ctx.set(dut.rx.payload.valid, beat_v)
             if rx_beats:
                 ctx.set(dut.rx.payload.payload, dict(zip(("data", "nbytes", "last"), rx_beats[0])))
-            rd_v = bool(rd) and rd[0][0] <= cyc and p(0.7)
-            ctx.set(dut.dma_rd.resp.valid, rd_v)
-            if rd:
-                ctx.set(dut.dma_rd.resp.payload, dict(zip(("data", "nbytes", "last", "tag"), rd[0][1:])))
+            rd_v = {}
+            for k, port in enumerate(rd_ports):
+                rd_v[k] = bool(rd[k]) and rd[k][0][0] <= cyc and p(0.7)
+                ctx.set(port.rd.valid, rd_v[k])
+                if rd[k]:
+                    ctx.set(port.rd.payload, dict(zip(("data", "nbytes", "last", "tag", "err"),
+                                                      rd[k][0][1:])))
+            for k, port in enumerate(wr_ports):
+                dv = bool(dones[k]) and dones[k][0][0] <= cyc
+                ctx.set(port.done.valid, dv)
+                if dv:
+                    ctx.set(port.done.payload, {"tag": dones[k][0][1], "err": dones[k][0][2]})
+                    dones[k].pop(0)
             # sinks
-            for s in (dut.dma_rd.req, dut.dma_wr, dut.cqe, dut.set_err):
+            for s in [pt.req for pt in rd_ports] + [pt.wr for pt in wr_ports] + [dut.cqe, dut.set_err]:
                 ctx.set(s.ready, p(0.6))
             for s in (dut.tx.meta, dut.tx.payload):
                 ctx.set(s.ready, p(tx_p) and cyc >= tx_hold)
 
             # sample transfers
-            busy = bool(rd) or bool(rx_beats) or wr is not None or tx_open is not None
+            busy = (any(rd.values()) or bool(rx_beats) or any(w is not None for w in wr.values())
+                    or any(dones.values()) or tx_open is not None)
             if out["rx_done"] is None and not todo and not rx_beats:
                 out["rx_done"] = cyc
-            if ctx.get(dut.dma_rd.resp.valid) and not ctx.get(dut.dma_rd.resp.ready):
-                out["rd_stall"] += 1
+            for port in rd_ports:
+                if ctx.get(port.rd.valid) and not ctx.get(port.rd.ready):
+                    out["rd_stall"] += 1
             out["resp_full"] += ctx.get(dut.stat_resp_full)
             if meta_v and ctx.get(dut.rx.meta.ready):
                 todo.pop(0)
@@ -475,29 +491,38 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
                 todo.pop(0)
             if beat_v and ctx.get(dut.rx.payload.ready):
                 rx_beats.pop(0)
-            if ctx.get(dut.dma_rd.req.valid) and ctx.get(dut.dma_rd.req.ready):
-                r = ctx.get(dut.dma_rd.req.payload)
-                assert 0 < r.len <= 65535
-                if cyc < tx_hold and r.tag == READ_DMA_TAG:
-                    out["read_bytes_in_hold"] += r.len
-                raw = bytes(mem[r.addr:r.addr + r.len])
-                t = cyc + (rng.randint(1, 8) if bp else rd_latency)
-                for off in range(0, r.len, W):
-                    c = raw[off:off + W]
-                    rd.append([t, int.from_bytes(c, "little"), len(c), off + W >= r.len, r.tag])
-            if rd_v and ctx.get(dut.dma_rd.resp.ready):
-                rd.pop(0)
-            if ctx.get(dut.dma_wr.valid) and ctx.get(dut.dma_wr.ready):
-                b = ctx.get(dut.dma_wr.payload)
-                if wr is None:
-                    assert 0 < b.len <= 65535
-                    wr = [b.addr, b.len, b""]
-                assert b.last or b.nbytes == W
-                wr[2] += int(b.data).to_bytes(W, "little")[:b.nbytes]
-                if b.last:
-                    assert len(wr[2]) == wr[1], "DMA write length differs from its beats"
-                    mem[wr[0]:wr[0] + wr[1]] = wr[2]
-                    wr = None
+            for k, port in enumerate(rd_ports):
+                if ctx.get(port.req.valid) and ctx.get(port.req.ready):
+                    r = ctx.get(port.req.payload)
+                    assert 0 < r.len <= 65535
+                    if cyc < tx_hold and k == 0:
+                        out["read_bytes_in_hold"] += r.len
+                    bad = bool(fail and fail(r.addr, r.len, False))
+                    raw = bytes(r.len) if bad else bytes(mem[r.addr:r.addr + r.len])
+                    t = cyc + (rng.randint(1, 8) if bp else rd_latency)
+                    for off in range(0, r.len, W):
+                        c = raw[off:off + W]
+                        rd[k].append([t, int.from_bytes(c, "little"), len(c), off + W >= r.len,
+                                      r.tag, int(bad)])
+                if rd_v[k] and ctx.get(port.rd.ready):
+                    rd[k].pop(0)
+            for k, port in enumerate(wr_ports):
+                if ctx.get(port.wr.valid) and ctx.get(port.wr.ready):
+                    b = ctx.get(port.wr.payload)
+                    if wr[k] is None:
+                        assert 0 < b.len <= 65535
+                        wr[k] = [b.addr, b.len, b"", b.tag]
+                    assert b.last or b.nbytes == W
+                    wr[k][2] += int(b.data).to_bytes(W, "little")[:b.nbytes]
+                    if b.last:
+                        a, n, data, tag = wr[k]
+                        assert len(data) == n, "DMA write length differs from its beats"
+                        bad = bool(fail and fail(a, n, True))
+                        if not bad:
+                            mem[a:a + n] = data
+                        dones[k].append([cyc + (rng.randint(1, 8) if bp else rd_latency),
+                                         int(tag), int(bad)])
+                        wr[k] = None
             if ctx.get(dut.tx.meta.valid) and ctx.get(dut.tx.meta.ready):
                 assert tx_open is None, "tx meta before the previous payload ended"
                 md = ldict(PKT_META, ctx.get(dut.tx.meta.payload.as_value()))
@@ -596,6 +621,23 @@ def run(items, qps=None, mrs=None, cfg=CFG, bp=False, seed=0, mem=None, rd_laten
     return got
 
 
+def coalesced_from(got, exp):
+    """``got`` is ``exp`` (one QP's responses) with some positive ACKs left out that were
+    directly followed by another positive ACK (ACK coalescing, which depends on timing: the
+    write gate releases the ACKs of a burst of WRITEs together)."""
+    j = 0
+    for g in got:
+        while j < len(exp) and exp[j] != g:
+            if not (exp[j][0] == "ACKNOWLEDGE" and exp[j][2] == ACK and j + 1 < len(exp)
+                    and exp[j + 1][0] == "ACKNOWLEDGE" and exp[j + 1][2] == ACK):
+                return False
+            j += 1
+        if j == len(exp):
+            return False
+        j += 1
+    return j == len(exp)
+
+
 def naks(out):
     return [(m["psn"], m["syndrome"]) for m, _ in out["tx"] if m["opcode"] == Op.ACKNOWLEDGE.value
             and m["syndrome"] != ACK]
@@ -672,14 +714,14 @@ def test_every_opcode_succeeds(bp):
     assert int.from_bytes(m[0xFF8:0x1000], "little") == 7             # CAS 0 -> 7
     tx = [(Op(t["opcode"]).name, t["psn"], t["syndrome"], t["msn"]) for t, _ in out["tx"]
           if t["dest_qpn"] == 0x100]
-    assert tx == [
+    assert coalesced_from(tx, [
         ("ACKNOWLEDGE", 100, ACK, 1), ("ACKNOWLEDGE", 103, ACK, 2), ("ACKNOWLEDGE", 104, ACK, 3),
         ("ACKNOWLEDGE", 105, ACK, 4), ("ACKNOWLEDGE", 108, ACK, 5),
         ("READ_RESPONSE_FIRST", 110, ACK, 7), ("READ_RESPONSE_MIDDLE", 111, 0, 0),
         ("READ_RESPONSE_LAST", 112, ACK, 7), ("READ_RESPONSE_ONLY", 113, ACK, 8),
         ("READ_RESPONSE_ONLY", 114, ACK, 9), ("ATOMIC_ACKNOWLEDGE", 115, ACK, 10),
         ("ATOMIC_ACKNOWLEDGE", 116, ACK, 11), ("ATOMIC_ACKNOWLEDGE", 117, ACK, 12),
-    ]
+    ]), tx
     reads = [b for t, b in out["tx"] if t["dest_qpn"] == 0x100 and t["paylen"]]
     assert b"".join(reads[:3]) == out["mem0"][0x1003:0x1003 + 600]
     origs = [t["orig"] for t, _ in out["tx"] if t["opcode"] == Op.ATOMIC_ACKNOWLEDGE.value]
@@ -697,8 +739,8 @@ def test_every_opcode_succeeds(bp):
     ]
     q1 = [(Op(t["opcode"]).name, t["psn"], t["syndrome"], t["msn"]) for t, _ in out["tx"]
           if t["dest_qpn"] == 0x101]
-    assert q1 == [("ACKNOWLEDGE", 0xFFFFFE, ACK, 1), ("ACKNOWLEDGE", 0, ACK, 2),
-                  ("READ_RESPONSE_ONLY", 1, ACK, 3)]
+    assert coalesced_from(q1, [("ACKNOWLEDGE", 0xFFFFFE, ACK, 1), ("ACKNOWLEDGE", 0, ACK, 2),
+                               ("READ_RESPONSE_ONLY", 1, ACK, 3)]), q1
     # bytes outside every written range are unchanged
     written = set(range(0x40, 0x68)) | set(range(0x105, 0x105 + 600)) | set(range(0x800, 0x800 + 100)) \
         | set(range(0x900, 0x900 + 700)) | set(range(0x4A0, 0x4B0)) | set(range(0x400, 0x408)) \
@@ -1027,15 +1069,15 @@ def test_no_wait_on_tx(bp):
 
 def test_response_queue_full_is_counted():
     """With a queue smaller than the peer's traffic (a configuration error: 4 QPs x 2
-    outstanding = 8 descriptors) the FSM waits for room and ``stat_resp_full`` counts it;
-    nothing is lost."""
+    outstanding = 8 descriptors) the responses wait for room and ``stat_resp_full`` counts
+    it; nothing is lost."""
     cfg = NicConfig(data_bytes=8, mtu=256, n_qps=4, n_mrs=4, n_cqs=4, max_outstanding=2)
     items = [event(0, QpState.RTS, 0)]
     items += [pkt(Op.READ_REQUEST, 0, i, va=0xC00, rkey=K0, dma_len=8) for i in range(12)]
     items += [pkt(Op.WRITE_ONLY, 0, 12, b"", ackreq=1, va=0, rkey=K0, dma_len=0)]
     out = run(items, cfg=cfg, seed=3, tx_hold=400)
     assert out["resp_full"] > 0
-    assert out["rx_done"] >= 400
+    # (the write gate in front of the queue holds the rest, so requests are still taken)
     assert [m["psn"] for m, _ in out["tx"]] == list(range(13))
     out = run(items, seed=3, tx_hold=400)                      # 4 x 32 descriptors: no wait
     assert out["resp_full"] == 0 and out["rx_done"] < 400
@@ -1209,3 +1251,66 @@ def test_acks_are_coalesced_while_tx_waits():
     # the first ACK was offered on tx already; 1..4 coalesced into 5; QP 1; 6, 7 into 8
     assert got == [(0x100, 0), (0x100, 5), (0x101, 0), (0x100, 8)]
     assert out["coalesced"] == 6
+
+
+# ---------------------------------------------------------------------------------------
+# the host failing the responder's DMA (docs/errors.md)
+
+def sim_fail(items, fail, seed=5, bp=True):
+    mem0 = init_mem()
+    out = simulate(CFG, expand_events(items), default_qps(), default_mrs(), bytearray(mem0),
+                   bp=bp, seed=seed, fail=fail)
+    out["mem0"] = mem0
+    return out
+
+
+def test_payload_write_failure():
+    """The host fails a WRITE's payload write: the ACK becomes a NAK (remote operational
+    error) at that PSN, sent only after the write was answered, and the QP goes to ERR; a
+    SEND's receive completes with LOC_PROT_ERR. The packets before are acknowledged."""
+    BAD = 0x600
+    fail = lambda a, n, w: w and a <= BAD < a + n
+    items = [event(0, QpState.RTS, 10)] + wr(10, va=0x40, n=8) + wr(11, va=BAD, n=16)
+    out = sim_fail(items, fail)
+    assert naks(out) == [(11, 0x63)]
+    assert [m["psn"] for m, _ in out["tx"] if m["syndrome"] == ACK] == [10]
+    assert out["errs"] == [0]
+    assert out["mem"][BAD:BAD + 16] == out["mem0"][BAD:BAD + 16]
+    items = [event(0, QpState.RTS, 10), post(0, 0, 0x77, BAD, 128, K0, 1),
+             pkt(Op.SEND_ONLY, 0, 10, rnd(40, 1), ackreq=1)]
+    out = sim_fail(items, fail)
+    assert naks(out) == [(10, 0x63)] and out["errs"] == [0]
+    assert [(c["wr_id"], c["status"]) for c in out["cqes"]] == [(0x77, WcStatus.LOC_PROT_ERR.value)]
+
+
+def test_read_data_failure():
+    """The host fails the read of a READ's second response packet: the first is sent, then a
+    NAK (remote operational error) at the failed packet's PSN, nothing more of that READ; the
+    QP goes to ERR."""
+    fail = lambda a, n, w: not w and a <= 0x300 < a + n
+    items = [event(0, QpState.RTS, 10),
+             pkt(Op.READ_REQUEST, 0, 10, va=0x200, rkey=K0, dma_len=600)]
+    out = sim_fail(items, fail)
+    ops = [(Op(m["opcode"]).name, m["psn"], m["syndrome"]) for m, _ in out["tx"]]
+    assert ops == [("READ_RESPONSE_FIRST", 10, ACK), ("ACKNOWLEDGE", 11, 0x63)]
+    assert out["tx"][0][1] == out["mem0"][0x200:0x300]
+    assert out["errs"] == [0]
+
+
+def test_receive_wqe_and_atomic_failures():
+    """The host fails the read of a receive WQE: NAK (remote operational error), the receive
+    completes with LOC_QP_OP_ERR (its wr_id unknown: 0). It fails an atomic's read: NAK,
+    nothing written."""
+    rq = default_qps()[0]["ctx"]["rq_base"]
+    fail = lambda a, n, w: (not w and a == rq) or (not w and a == 0x400)
+    items = [event(0, QpState.RTS, 10), post(0, 0, 0x55, 0x800, 128, K0, 1),
+             pkt(Op.SEND_ONLY, 0, 10, rnd(16, 2), ackreq=1)]
+    out = sim_fail(items, fail)
+    assert naks(out) == [(10, 0x63)] and out["errs"] == [0]
+    assert [(c["wr_id"], c["status"]) for c in out["cqes"]] == [(0, WcStatus.LOC_QP_OP_ERR.value)]
+    items = [event(0, QpState.RTS, 20),
+             pkt(Op.FETCH_ADD, 0, 20, va=0x400, rkey=K0, swap_add=5)]
+    out = sim_fail(items, fail)
+    assert naks(out) == [(20, 0x63)] and out["errs"] == [0]
+    assert not any(m["opcode"] == Op.ATOMIC_ACKNOWLEDGE.value for m, _ in out["tx"])
+    assert out["mem"][0x400:0x408] == out["mem0"][0x400:0x408]
