@@ -55,7 +55,8 @@ class Context(wiring.Component):
     bind : In(Lookup)              doorbell register bound to a QP.
     qp_event : Out(QpEvent)        consumers must always be ready.
     cq_event : Out(CqEvent)        consumers must always be ready.
-    err_req, err_resp : In(QpErrRequest)  move a QP to ERR.
+    err_req, err_resp, err_cq : In(QpErrRequest)  move a QP to ERR (requester, responder,
+                                   completion engine: its CQ is in error).
     """
 
     def __init__(self, cfg: NicConfig):
@@ -78,6 +79,7 @@ class Context(wiring.Component):
             "cq_event": Out(CqEvent()),
             "err_req": In(QpErrRequest()),
             "err_resp": In(QpErrRequest()),
+            "err_cq": In(QpErrRequest()),
         })
 
     def elaborate(self, platform):
@@ -239,6 +241,9 @@ class Context(wiring.Component):
             with m.Elif(self.err_resp.valid):
                 m.d.comb += self.err_resp.ready.eq(1)
                 self._to_err(m, states, self.err_resp.payload.qpn)
+            with m.Elif(self.err_cq.valid):
+                m.d.comb += self.err_cq.ready.eq(1)
+                self._to_err(m, states, self.err_cq.payload.qpn)
         return m
 
     def _to_err(self, m, states, qpn):

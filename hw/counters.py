@@ -17,7 +17,7 @@ __all__ = ["Counters"]
 
 
 class Counters(wiring.Component):
-    """Ports: ``bus`` (MMIO reads), ``inc`` (one 16-bit increment per counter, every cycle)."""
+    """Ports: ``bus`` (MMIO reads), ``inc`` (one 32-bit increment per counter, every cycle)."""
 
     def __init__(self, n=len(Counter)):
         if not isinstance(n, int) or not 1 <= n <= 256:
@@ -25,7 +25,7 @@ class Counters(wiring.Component):
         self.n = n
         super().__init__({
             "bus": In(MmioSignature()),
-            "inc": In(16).array(n),
+            "inc": In(32).array(n),
         })
 
     def elaborate(self, platform):

@@ -16,7 +16,15 @@ address               access   meaning
 0x1000 + 8*r          W        send doorbell register *r* (a :data:`~hw.formats.DOORBELL` word)
 0x2000 ``RQ_DB``      W        receive doorbell: bits 23:0 QPN, bits 47:32 new RQ producer index
 0x2008 ``CQ_DB``      W        CQ consumer index: bits 23:0 CQN, bits 47:32 consumer index
+0x2010 ``ASYNC_EVENT`` R       oldest asynchronous event, removed by the read: bit 63 valid,
+                               bits 27:24 type (:class:`~hw.interfaces.AsyncEventType`), bits
+                               23:0 the CQN or QPN it concerns; 0 when there is none
+0x8000 + 64*r         W (64 B) BlueFlame register *r*: a 64-byte write-combined write of a
+                               whole WQE (mlx5 BlueFlame, docs/host-interface.md)
 ====================  =======  ==============================================================
+
+Every MMIO write is 8 bytes except the 64-byte BlueFlame writes; reads are 8 bytes. The
+host side of the MMIO path may be back-pressured by the NIC (``hw/dma/mmio.py``).
 """
 
 from amaranth.lib import data, enum
@@ -25,6 +33,7 @@ from .formats import MR_ENTRY
 
 __all__ = ["Reg", "Cmd", "CmdStatus", "Counter", "QP_CTX", "CQ_CTX",
            "ID_VALUE", "ARG_WORDS", "DOORBELL_BASE", "COUNTER_BASE", "ARG_BASE",
+           "BLUEFLAME_BASE", "BLUEFLAME_BYTES", "DMA_READ_CLIENTS", "DMA_WRITE_CLIENTS",
            "LEGAL_TRANSITIONS", "mkey_index"]
 
 ID_VALUE = 0x524E_4943_0001
@@ -32,6 +41,8 @@ ARG_BASE = 0x0040
 ARG_WORDS = 8
 COUNTER_BASE = 0x0100
 DOORBELL_BASE = 0x1000
+BLUEFLAME_BASE = 0x8000
+BLUEFLAME_BYTES = 64
 
 
 class Reg(enum.IntEnum):
@@ -40,6 +51,7 @@ class Reg(enum.IntEnum):
     CMD = 0x0010
     RQ_DB = 0x2000
     CQ_DB = 0x2008
+    ASYNC_EVENT = 0x2010
 
 
 class Cmd(enum.IntEnum):
@@ -119,6 +131,46 @@ class Counter(enum.IntEnum):
     RETRY_EXCEEDED = 29    # QPs moved to ERR by retry_cnt / rnr_retry exhaustion
     RESP_DROPS = 30        # responses the requester dropped (no matching outstanding request)
     RX_DROP_QP = 31        # request packets for an unknown QP or a QP not in RTR/RTS, dropped
+    # host interface (docs/host-interface.md); bytes include each TLP's header and framing
+    HIF_DOWN_BYTES = 32    # NIC -> host: read requests and writes
+    HIF_UP_BYTES = 33      # host -> NIC: read completions
+    HIF_READ_REQS = 34     # MRd TLPs
+    HIF_WRITE_TLPS = 35    # MWr TLPs
+    HIF_COMPLETIONS = 36   # CplD TLPs
+    HIF_ERRORS = 37        # completions / write responses with an error status
+    HIF_BAD = 38           # up TLPs that matched nothing (dropped)
+    MMIO_WRITES = 39
+    MMIO_WRITE_BYTES = 40  # with TLP overhead (64 + overhead for a BlueFlame write)
+    MMIO_READS = 41
+    BLUEFLAME_WQES = 42    # WQEs taken from a BlueFlame write (no WQE fetch)
+    BLUEFLAME_MISSES = 43  # BlueFlame WQEs not used (the QP was behind): fetched by DMA
+    DMA_ERRORS = 44        # host-interface errors that ended a work request or a response
+    CQE_DROPS = 45         # completions dropped: their CQ was full or in error
+    ASYNC_EVENTS = 46      # asynchronous events raised
+    # per DMA client (DMA_READ_CLIENTS, DMA_WRITE_CLIENTS): requests and bytes asked for
+    RD_WQE_REQS = 47
+    RD_WQE_BYTES = 48
+    RD_PAYLOAD_REQS = 49
+    RD_PAYLOAD_BYTES = 50
+    RD_RESP_DATA_REQS = 51
+    RD_RESP_DATA_BYTES = 52
+    RD_RECV_WQE_REQS = 53
+    RD_RECV_WQE_BYTES = 54
+    RD_ATOMIC_REQS = 55
+    RD_ATOMIC_BYTES = 56
+    WR_REQ_DATA_REQS = 57
+    WR_REQ_DATA_BYTES = 58
+    WR_RESP_DATA_REQS = 59
+    WR_RESP_DATA_BYTES = 60
+    WR_ATOMIC_REQS = 61
+    WR_ATOMIC_BYTES = 62
+    WR_CQE_REQS = 63
+    WR_CQE_BYTES = 64
+
+
+#: The NIC's DMA clients, in port order (hw/rnic.py), with their counter names.
+DMA_READ_CLIENTS = ("WQE", "PAYLOAD", "RESP_DATA", "RECV_WQE", "ATOMIC")
+DMA_WRITE_CLIENTS = ("REQ_DATA", "RESP_DATA", "ATOMIC", "CQE")
 
 
 #: Static part of a queue pair's context, set by SET_QP (ARG0 holds bits 63:0).

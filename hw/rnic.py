@@ -2,14 +2,16 @@
 
 ::
 
-              MMIO                                   DMA (to host memory)
-               |                                        ^
-   +-----------+-----------+                            |
-   | context   doorbells   counters           DmaArbiter (3 read, 3 write clients)
-   +-----+-----------+-----+                     ^   ^   ^        ^   ^   ^
-         |           | sq_db                     |   |   |        |   |   |
-         |           v                       wqe_rd pay_rd  resp_rd   |   |
-         |      +-----------+   tx meta/payload       |             |   |
+              MMIO (host.req / rdata)                 host port: TLPs (down / up)
+               |                                        ^   |
+         MmioFrontend -- bf -->                    HostInterface (DMA engines)
+               | register bus                       5 read clients, 4 write clients
+   +-----------+-----------+----------+             ^   ^   ^   ^   ^    ^ ^ ^ ^
+   | context   doorbells   counters  events        wqe pay rdata rwqe at  ...
+   +-----+-----------+-----+                         |   |     |   |   |
+         |           | sq_db                     requester  responder (+ atomic unit)
+         |           v                                      completion (CQEs)
+         |      +-----------+   tx meta/payload
          +----->| requester |------+---> PacketArbiter --> Packetizer ---> tx frames
          |      +-----------+      |          ^
          |        ^   | cqe        |          | responses
@@ -20,7 +22,8 @@
          +-- (requests -> responder, responses -> requester)
 
 The same design plays both roles, as real RNICs do: a node issues requests from its send
-queues and answers requests that arrive for its QPs. See docs/architecture.md.
+queues and answers requests that arrive for its QPs. See docs/architecture.md; the host port
+(DMA, MMIO, BlueFlame) is described in docs/host-interface.md.
 
 ``cfg.pipeline_ns`` adds the NIC's fixed processing latency as a delay line (no rate limit)
 on the transmit and on the receive frame path; it is the one free parameter fitted when a
@@ -38,13 +41,17 @@ from .context import Context
 from .counters import Counters
 from .depacketizer import Depacketizer
 from .dispatch import PacketDemux
-from .dma_arbiter import DmaArbiter
+from .dma.host_if import HostInterface
+from .dma.read_engine import ring_words_for
 from .doorbell import Doorbells
-from .interfaces import (MmioSignature, DmaReadReq, DmaReadData, DmaWrite, BeatStream)
+from .events import AsyncEvents
+from .formats import RECV_WQE_BYTES, WQE_BYTES
+from .interfaces import BeatStream, MmioPort, TlpDown, TlpUp
+from .mmio import MmioFrontend
 from .link import Link
 from .packetizer import Packetizer
-from .regmap import Counter
-from .requester import Requester
+from .regmap import DMA_READ_CLIENTS, DMA_WRITE_CLIENTS, Counter
+from .requester import WQE_BATCH, Requester
 from .responder import Responder
 
 __all__ = ["Rnic"]
@@ -55,10 +62,11 @@ class Rnic(wiring.Component):
 
     Ports
     -----
-    mmio : In(MmioSignature)       registers, commands, doorbells, counters.
-    dma_rd_req : Out(DmaReadReq)   DMA reads to host memory ...
-    dma_rd_resp : In(DmaReadData)  ... answered in request order.
-    dma_wr : Out(DmaWrite)         DMA writes to host memory.
+    mmio : In(MmioPort)            host register accesses (registers, commands, doorbells,
+                                   BlueFlame, counters), back-pressured.
+    down : Out(TlpDown)            TLPs to the host (DMA reads and writes) ...
+    up : In(TlpUp)                 ... and from it (completions, write responses).
+    cqe_count : Out(32)            CQEs written so far (the host's event line follows it).
     tx : Out(BeatStream)           Ethernet frames to the network.
     rx : In(BeatStream)            Ethernet frames from the network.
     """
@@ -68,11 +76,21 @@ class Rnic(wiring.Component):
             raise TypeError(f"cfg must be a NicConfig, not {cfg!r}")
         self.cfg = cfg
         W = cfg.data_bytes
+        mrrs = cfg.max_read_request
+        # DMA read clients (regmap.DMA_READ_CLIENTS): largest request and ring of each
+        fetch_depth = 4
+        self.rd_max_len = [WQE_BATCH * WQE_BYTES, cfg.mtu, cfg.mtu, RECV_WQE_BYTES, 8]
+        self.rings = [ring_words_for(W, WQE_BATCH * WQE_BYTES, mrrs, WQE_BATCH * WQE_BYTES * fetch_depth),
+                      ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
+                      ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
+                      ring_words_for(W, RECV_WQE_BYTES, mrrs),
+                      ring_words_for(W, 8, mrrs)]
+        assert len(self.rings) == len(DMA_READ_CLIENTS)
         super().__init__({
-            "mmio": In(MmioSignature()),
-            "dma_rd_req": Out(DmaReadReq()),
-            "dma_rd_resp": In(DmaReadData(W)),
-            "dma_wr": Out(DmaWrite(W)),
+            "mmio": In(MmioPort()),
+            "down": Out(TlpDown(W)),
+            "up": In(TlpUp(W)),
+            "cqe_count": Out(32),
             "tx": Out(BeatStream(W)),
             "rx": In(BeatStream(W)),
         })
@@ -85,6 +103,8 @@ class Rnic(wiring.Component):
         m.submodules.context = context = Context(cfg)
         m.submodules.doorbells = doorbells = Doorbells(cfg)
         m.submodules.counters = counters = Counters()
+        m.submodules.events = events = AsyncEvents()
+        m.submodules.mmio = front = MmioFrontend()
         m.submodules.requester = req = Requester(cfg)
         m.submodules.responder = resp = Responder(cfg)
         m.submodules.completion = comp = Completion(cfg)
@@ -92,15 +112,25 @@ class Rnic(wiring.Component):
         m.submodules.depacketizer = dpkt = Depacketizer(W, max_frame_bytes=cfg.mtu + 128)
         m.submodules.demux = demux = PacketDemux(W, cfg.n_qps)
         m.submodules.tx_arb = tx_arb = PacketArbiter(W, 2)
-        m.submodules.dma = dma = DmaArbiter(W, n_read=3, n_write=3)
+        m.submodules.hif = hif = HostInterface(
+            W, self.rings, len(DMA_WRITE_CLIENTS), n_tags=cfg.dma_tags,
+            max_read_request=cfg.max_read_request, max_payload=cfg.max_payload,
+            write_outstanding=cfg.dma_write_outstanding, tlp_overhead=cfg.tlp_overhead,
+            rd_max_len=self.rd_max_len)
 
-        # MMIO: every block sees the bus; the one addressed answers, the others give 0.
-        buses = (context.bus, doorbells.bus, counters.bus)
-        for bus in buses:
-            m.d.comb += [bus.addr.eq(self.mmio.addr), bus.wdata.eq(self.mmio.wdata),
-                         bus.we.eq(self.mmio.we), bus.re.eq(self.mmio.re)]
-        m.d.comb += [self.mmio.rdata.eq(context.bus.rdata | doorbells.bus.rdata | counters.bus.rdata),
-                     self.mmio.rvalid.eq(context.bus.rvalid)]
+        # MMIO: the front end drives the register bus; every block sees it, the one addressed
+        # answers, the others give 0.
+        wiring.connect(m, wiring.flipped(self.mmio), front.host)
+        bus = front.bus
+        buses = (context.bus, doorbells.bus, counters.bus, events.bus)
+        for b in buses:
+            m.d.comb += [b.addr.eq(bus.addr), b.wdata.eq(bus.wdata), b.we.eq(bus.we), b.re.eq(bus.re)]
+        rdata = 0
+        for b in buses:
+            rdata = rdata | b.rdata
+        m.d.comb += [bus.rdata.eq(rdata), bus.rvalid.eq(context.bus.rvalid)]
+        # BlueFlame writes are not used yet: taken and dropped (counted)
+        m.d.comb += front.bf.ready.eq(1)
 
         node_id = context.node_id
         m.d.comb += [req.node_id.eq(node_id), resp.node_id.eq(node_id), demux.node_id.eq(node_id)]
@@ -120,6 +150,9 @@ class Rnic(wiring.Component):
         wiring.connect(m, context.cq_event, comp.cq_event)
         wiring.connect(m, req.set_err, context.err_req)
         wiring.connect(m, resp.set_err, context.err_resp)
+        wiring.connect(m, comp.err_qp, context.err_cq)
+        wiring.connect(m, comp.event, events.i)
+        m.d.comb += self.cqe_count.eq(comp.cqe_count)
 
         # Doorbells.
         wiring.connect(m, doorbells.sq_db, req.db)
@@ -130,16 +163,15 @@ class Rnic(wiring.Component):
         wiring.connect(m, req.cqe, comp.i0)
         wiring.connect(m, resp.cqe, comp.i1)
 
-        # DMA.
-        wiring.connect(m, req.wqe_rd, dma.rd[0])
-        wiring.connect(m, req.pay_rd, dma.rd[1])
-        wiring.connect(m, resp.dma_rd, dma.rd[2])
-        wiring.connect(m, req.dma_wr, dma.wr[0])
-        wiring.connect(m, resp.dma_wr, dma.wr[1])
-        wiring.connect(m, comp.dma_wr, dma.wr[2])
-        wiring.connect(m, dma.rd_req, wiring.flipped(self.dma_rd_req))
-        wiring.connect(m, wiring.flipped(self.dma_rd_resp), dma.rd_resp)
-        wiring.connect(m, dma.wr_out, wiring.flipped(self.dma_wr))
+        # DMA: every user has a port of its own on the host interface.
+        rd_clients = (req.wqe_rd, req.pay_rd, resp.rd_data, resp.rd_wqe, resp.at_rd)
+        wr_clients = (req.dma_wr, resp.wr, resp.at_wr, comp.dma_wr)
+        for c, port in enumerate(rd_clients):
+            wiring.connect(m, port, hif.rd[c])
+        for c, port in enumerate(wr_clients):
+            wiring.connect(m, port, hif.wr[c])
+        wiring.connect(m, hif.down, wiring.flipped(self.down))
+        wiring.connect(m, wiring.flipped(self.up), hif.up)
 
         # Transmit: requests and responses share the packetizer.
         wiring.connect(m, req.tx, tx_arb.i[0])
@@ -172,10 +204,19 @@ class Rnic(wiring.Component):
             Counter.TX_BYTES: Mux(tx_fire, self.tx.payload.nbytes, 0),
             Counter.RX_PACKETS: dpkt.stat_ok,
             Counter.RX_BYTES: Mux(dpkt.stat_ok, dpkt.stat_bytes, 0),
-            Counter.DMA_READS: dma.stat_rd,
-            Counter.DMA_READ_BYTES: Mux(dma.stat_rd, dma.stat_rd_bytes, 0),
-            Counter.DMA_WRITES: dma.stat_wr,
-            Counter.DMA_WRITE_BYTES: Mux(dma.stat_wr, dma.stat_wr_bytes, 0),
+            Counter.HIF_DOWN_BYTES: hif.stat_down_bytes,
+            Counter.HIF_UP_BYTES: hif.stat_up_bytes,
+            Counter.HIF_READ_REQS: hif.stat_mrd,
+            Counter.HIF_WRITE_TLPS: hif.stat_mwr,
+            Counter.HIF_COMPLETIONS: hif.stat_cpld,
+            Counter.HIF_ERRORS: hif.stat_err,
+            Counter.HIF_BAD: hif.stat_bad,
+            Counter.MMIO_WRITES: front.stat_write,
+            Counter.MMIO_WRITE_BYTES: Mux(front.stat_write, front.stat_write_len + cfg.tlp_overhead, 0),
+            Counter.MMIO_READS: front.stat_read,
+            Counter.DMA_ERRORS: req.stat_dma_err + resp.stat_dma_err,
+            Counter.CQE_DROPS: comp.stat_overflow,
+            Counter.ASYNC_EVENTS: events.stat_event,
             Counter.OPS_WRITE: req.stat_write,
             Counter.OPS_READ: req.stat_read,
             Counter.OPS_SEND: req.stat_send,
@@ -202,6 +243,27 @@ class Rnic(wiring.Component):
             Counter.RETRY_EXCEEDED: req.stat_retry_exc,
             Counter.RESP_DROPS: req.stat_resp_drop,
         }
+        # per DMA client, and their totals: requests asked for and bytes
+        rd_req = [p.req.valid & p.req.ready for p in rd_clients]
+        rd_bytes = [Mux(f, p.req.payload.len, 0) for f, p in zip(rd_req, rd_clients)]
+        wr_first = []
+        for k, p in enumerate(wr_clients):
+            first = Signal(init=1, name=f"wr_first{k}")
+            fire = p.wr.valid & p.wr.ready
+            with m.If(fire):
+                m.d.sync += first.eq(p.wr.payload.last)
+            wr_first.append(fire & first)
+        wr_bytes = [Mux(f, p.wr.payload.len, 0) for f, p in zip(wr_first, wr_clients)]
+        for name, f, b in zip(DMA_READ_CLIENTS, rd_req, rd_bytes):
+            inc[Counter[f"RD_{name}_REQS"]] = f
+            inc[Counter[f"RD_{name}_BYTES"]] = b
+        for name, f, b in zip(DMA_WRITE_CLIENTS, wr_first, wr_bytes):
+            inc[Counter[f"WR_{name}_REQS"]] = f
+            inc[Counter[f"WR_{name}_BYTES"]] = b
+        inc[Counter.DMA_READS] = sum(rd_req)
+        inc[Counter.DMA_READ_BYTES] = sum(rd_bytes)
+        inc[Counter.DMA_WRITES] = sum(wr_first)
+        inc[Counter.DMA_WRITE_BYTES] = sum(wr_bytes)
         for counter, value in inc.items():
             m.d.comb += counters.inc[counter].eq(value)
         return m

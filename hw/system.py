@@ -1,9 +1,11 @@
 """Two RNIC nodes joined by a link in each direction: the system every experiment runs on.
 
-Each node keeps its host-facing ports (MMIO and DMA) at the top level, prefixed ``a_`` and
-``b_``, so that a host model (``sim/host.py``) or an on-chip memory can serve them. The
-links model serialisation and latency (``hw/link.py``) from the :class:`~hw.config.LinkConfig`
-converted to NIC cycles. ``tap_ab`` / ``tap_ba`` mirror every beat accepted by a link so
+Each node has its host side (``hw/host/host_side.py``: the PCIe link model, the host of the
+configured kind, the MMIO path and the event line); the host side's Python-facing ports are
+at the top level, prefixed ``a_`` and ``b_`` (``a_mmio_cmd``, ``a_mmio_resp``,
+``a_cqe_events``, and ``a_py_*`` for the Python host or ``a_cpu``, ``a_cpu_rdata``,
+``a_wtap`` for the RTL host). The network links model serialisation and latency
+(``hw/link.py``) from the :class:`~hw.config.LinkConfig` converted to NIC cycles. ``tap_ab`` / ``tap_ba`` mirror every beat accepted by a link so
 that a testbench can write a pcap of everything the network carried (before faults).
 
 Faults (``hw/fault.py``, InfiniBand Architecture Specification vol. 1 rel. 1.4, Annex A17:
@@ -25,8 +27,8 @@ from amaranth.lib.wiring import In, Out
 
 from .config import SystemConfig
 from .fault import CONTROL_WIDTHS, COUNTERS, FrameMerger
-from .interfaces import (BeatStream, MmioSignature, DmaReadReq, DmaReadData, DmaWrite,
-                         beat_layout)
+from .host.host_side import HostSide
+from .interfaces import BeatStream, beat_layout
 from .link import Link
 from .rnic import Rnic
 
@@ -49,11 +51,11 @@ class TwoNodeSystem(wiring.Component):
         self.cfg = cfg
         W = cfg.nic.data_bytes
         ports = {}
+        self.sides = {n: HostSide(cfg) for n in NODES}
         for n in NODES:
-            ports[f"{n}_mmio"] = In(MmioSignature())
-            ports[f"{n}_dma_rd_req"] = Out(DmaReadReq())
-            ports[f"{n}_dma_rd_resp"] = In(DmaReadData(W))
-            ports[f"{n}_dma_wr"] = Out(DmaWrite(W))
+            for name, member in self.sides[n].signature.members.items():
+                if not name.startswith(("nic_", "stat_")):
+                    ports[f"{n}_{name}"] = member
         for d in ("ab", "ba"):
             ports[f"tap_{d}_valid"] = Out(1)
             ports[f"tap_{d}"] = Out(beat_layout(W))
@@ -76,10 +78,24 @@ class TwoNodeSystem(wiring.Component):
         nodes = {}
         for n in NODES:
             nodes[n] = m.submodules[f"node_{n}"] = Rnic(cfg.nic)
-            wiring.connect(m, wiring.flipped(getattr(self, f"{n}_mmio")), nodes[n].mmio)
-            wiring.connect(m, nodes[n].dma_rd_req, wiring.flipped(getattr(self, f"{n}_dma_rd_req")))
-            wiring.connect(m, wiring.flipped(getattr(self, f"{n}_dma_rd_resp")), nodes[n].dma_rd_resp)
-            wiring.connect(m, nodes[n].dma_wr, wiring.flipped(getattr(self, f"{n}_dma_wr")))
+            side = m.submodules[f"host_{n}"] = self.sides[n]
+            wiring.connect(m, nodes[n].down, side.nic_down)
+            wiring.connect(m, side.nic_up, nodes[n].up)
+            wiring.connect(m, side.nic_mmio, nodes[n].mmio)
+            m.d.comb += side.nic_cqe_count.eq(nodes[n].cqe_count)
+            for name, member in side.signature.members.items():
+                if name.startswith(("nic_", "stat_")):
+                    continue
+                ours, theirs = getattr(self, f"{n}_{name}"), getattr(side, name)
+                if member.is_signature:
+                    if member.flow == In:
+                        wiring.connect(m, wiring.flipped(ours), theirs)
+                    else:
+                        wiring.connect(m, theirs, wiring.flipped(ours))
+                elif member.flow == In:
+                    m.d.comb += theirs.eq(ours)
+                else:
+                    m.d.comb += ours.eq(theirs)
         for src, dst in (("a", "b"), ("b", "a")):
             link = m.submodules[f"link_{src}{dst}"] = Link(W, latency_cycles=latency, bytes_per_cycle=rate,
                                                         faults=True)

@@ -60,7 +60,15 @@ from ..formats import TLP_DOWN_HDR, TlpKind, TlpStatus
 from ..interfaces import DMA_MAX_LEN, DmaReadPort, TlpUp
 from ..lib.checks import check_int, check_pow2
 
-__all__ = ["DmaReadEngine", "MRD_OUT", "split_reads"]
+__all__ = ["DmaReadEngine", "MRD_OUT", "split_reads", "ring_words_for"]
+
+
+def ring_words_for(data_bytes, max_len, max_read_request, bytes_in_flight=0):
+    """Smallest legal ring (words) for a client whose requests are at most ``max_len`` bytes,
+    at least ``bytes_in_flight`` bytes."""
+    need = max(-(-min(max_read_request, max_len) // data_bytes) + 1,
+               -(-bytes_in_flight // data_bytes), 4)
+    return 1 << (need - 1).bit_length()
 
 MRD_OUT = data.StructLayout({"hdr": TLP_DOWN_HDR, "after": 16})
 

@@ -5,13 +5,14 @@ this adapter sits between the PCIe link model and the Python host model (``sim/h
 and moves whole bursts.
 
 * **Requests** (NIC -> host): the beats of each down TLP are collected into one wide
-  register; Python takes the whole TLP in one transfer on ``req`` (``req_valid`` /
-  ``req_ready``): its header, its data words (an MWr's, up to ``max_payload`` bytes) and
-  ``time``, the cycle its first beat arrived. Python processes a TLP in the cycle after
-  the transfer and gives the status of each MWr it took, in order, on ``wst`` (``wst_valid``
-  high for one cycle); the adapter answers the MWr with a write response of that status.
-* **Responses** (host -> NIC): Python pushes one transfer per read request on ``cpl``
-  (``cpl_valid`` / ``cpl_ready``): tag, status, the request's address (low 12 bits) and
+  register; Python takes the whole TLP in one transfer from the ``req`` mailbox
+  (:class:`~hw.lib.seq_port.SeqOut`: ``req_seq`` counts the TLPs put there, Python writes
+  ``req_ack``): its header, its data words (an MWr's, up to ``max_payload`` bytes) and
+  ``time``, the cycle its first beat arrived. With the acknowledgement of an MWr Python gives
+  its status on ``req_status``; the adapter answers the MWr with a write response of that
+  status.
+* **Responses** (host -> NIC): Python pushes one transfer per read request into the ``cpl``
+  mailbox (:class:`~hw.lib.seq_port.SeqIn`: ``cpl_seq`` / ``cpl_taken``): tag, status, the request's address (low 12 bits) and
   length, the aligned words of its data, and ``due``, the cycle before which it may not
   leave. Responses wait in a FIFO of ``depth`` entries in push order; the one at the head
   leaves at ``due`` (or as soon as it reaches the head, if later), split into completions by
@@ -24,20 +25,20 @@ Parameters: ``data_bytes``, ``max_payload``, ``max_read_request``, ``cpl_bytes``
 ``depth`` (power of two in [2, 256]).
 
 Ports: ``down: In(TlpDown(W))``, ``up: Out(TlpUp(W))``; to Python: ``req: Out(PY_REQ)``,
-``req_valid: Out(1)``, ``req_ready: In(1)``, ``wst: In(2)``, ``wst_valid: In(1)``,
-``cpl: In(PY_CPL)``,
-``cpl_valid: In(1)``, ``cpl_ready: Out(1)``, ``now: Out(32)``.
+``req_seq: Out(16)``, ``req_ack: In(16)``, ``req_status: In(2)``, ``cpl: In(PY_CPL)``,
+``cpl_seq: In(16)``, ``cpl_taken: Out(16)``, ``now: Out(32)``.
 """
 
 from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
-from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..formats import TLP_DOWN_HDR, TlpKind
 from ..interfaces import TlpDown, TlpUp
 from ..lib.checks import check_pow2
+from ..lib.seq_port import SeqIn, SeqOut
 from ..lib.wide_fifo import WideFifo
 from .cpl_emitter import CplEmitter
 from .up_mux import UpMux, WR_TURNAROUND
@@ -70,17 +71,18 @@ class PyHostPort(wiring.Component):
         self.req_layout = py_req_layout(data_bytes, max_payload)
         self.cpl_layout = py_cpl_layout(data_bytes, max_read_request)
         self.emitter = CplEmitter(data_bytes, cpl_bytes, (max_read_request + data_bytes) // data_bytes)
+        self.req_port = SeqOut(data.StructLayout({"req": self.req_layout, "due": 32}))
+        self.cpl_port = SeqIn(self.cpl_layout)
         super().__init__({
             "down": In(TlpDown(data_bytes)),
             "up": Out(TlpUp(data_bytes)),
             "req": Out(self.req_layout),
-            "req_valid": Out(1),
-            "req_ready": In(1),
-            "wst": In(2),
-            "wst_valid": In(1),
+            "req_seq": Out(16),
+            "req_ack": In(16),
+            "req_status": In(2),
             "cpl": In(self.cpl_layout),
-            "cpl_valid": In(1),
-            "cpl_ready": Out(1),
+            "cpl_seq": In(16),
+            "cpl_taken": Out(16),
             "now": Out(32),
         })
 
@@ -96,13 +98,21 @@ class PyHostPort(wiring.Component):
         acc_hdr = Signal(TLP_DOWN_HDR)
         acc_time = Signal(32)
         acc_due = Signal(32)       # when the write response may leave (WR_TURNAROUND)
-        out_due = Signal(32)
         acc_full = Signal()
         widx = Signal(range(nwords + 1))
-        out_v = Signal()
-        out = Signal(self.req_layout)
-        move = Signal()            # the collected TLP moves to the output register
-        m.d.comb += [self.req.eq(out), self.down.ready.eq(~acc_full | move)]
+        m.submodules.req_port = rp = self.req_port
+        m.submodules.wrsp = wrsp = SyncFIFOBuffered(width=8 + 2 + 32, depth=8)
+        # an MWr goes to Python only with room for its write response
+        is_wr_acc = acc_hdr.kind == TlpKind.MWR
+        move = Signal()            # the collected TLP goes to the mailbox
+        m.d.comb += [
+            rp.i.valid.eq(acc_full & (~is_wr_acc | (wrsp.level < 7))),
+            rp.i.payload.req.hdr.eq(acc_hdr), rp.i.payload.req.time.eq(acc_time),
+            rp.i.payload.req.data.eq(acc), rp.i.payload.due.eq(acc_due),
+            move.eq(rp.i.valid & rp.i.ready),
+            self.down.ready.eq(~acc_full | move),
+            self.req.eq(rp.data.req), self.req_seq.eq(rp.seq), rp.ack.eq(self.req_ack),
+        ]
         with m.If(self.down.valid & self.down.ready):
             p = self.down.payload
             with m.If(widx == 0):
@@ -114,34 +124,20 @@ class PyHostPort(wiring.Component):
             m.d.sync += widx.eq(Mux(p.last, 0, widx + 1))
             with m.If(p.last):
                 m.d.sync += [acc_full.eq(1), acc_due.eq(self.now + WR_TURNAROUND)]
-
-        # write responses: the tags of the MWrs Python took, then their statuses from wst
-        # (unbuffered: a tag is readable the cycle after the MWr was taken, when its status
-        # arrives)
-        m.submodules.wtag = wtag = SyncFIFO(width=8 + 32, depth=8)
-        m.submodules.wrsp = wrsp = SyncFIFOBuffered(width=8 + 2 + 32, depth=8)
-        is_wr = out.hdr.kind == TlpKind.MWR
-        room = (wtag.level + wrsp.level) < 8
-        m.d.comb += self.req_valid.eq(out_v & (~is_wr | room))
-        take = self.req_valid & self.req_ready
-        m.d.comb += [wtag.w_data.eq(Cat(out.hdr.tag, out_due)), wtag.w_en.eq(take & is_wr),
-                     wrsp.w_data.eq(Cat(wtag.r_data[:8], self.wst, wtag.r_data[8:])),
-                     wrsp.w_en.eq(self.wst_valid & wtag.r_rdy),
-                     wtag.r_en.eq(self.wst_valid)]
-        with m.If(take):
-            m.d.sync += out_v.eq(0)
-        m.d.comb += move.eq(acc_full & (~out_v | take))
-        with m.If(move):
-            m.d.sync += [out_v.eq(1), out.hdr.eq(acc_hdr), out.time.eq(acc_time),
-                         out.data.eq(acc), out_due.eq(acc_due)]
-            with m.If(~(self.down.valid & self.down.payload.last)):
-                m.d.sync += acc_full.eq(0)
+        with m.If(move & ~(self.down.valid & self.down.ready & self.down.payload.last)):
+            m.d.sync += acc_full.eq(0)
+        # Python acknowledged the TLP in the mailbox (still there this cycle): an MWr gets its
+        # write response with the status Python gave
+        m.d.comb += [wrsp.w_data.eq(Cat(rp.data.req.hdr.tag, self.req_status, rp.data.due)),
+                     wrsp.w_en.eq(rp.ack_edge & (rp.data.req.hdr.kind == TlpKind.MWR))]
 
         # ---- responses: Python's pushes, each leaves at its due cycle ----------------------
         m.submodules.cplq = cplq = WideFifo(self.cpl_layout.size, self.depth)
         m.submodules.emitter = em = self.emitter
-        m.d.comb += [cplq.w_data.eq(self.cpl), cplq.w_en.eq(self.cpl_valid),
-                     self.cpl_ready.eq(cplq.w_rdy)]
+        m.submodules.cpl_port = cp = self.cpl_port
+        m.d.comb += [cp.data.eq(self.cpl), cp.seq.eq(self.cpl_seq), self.cpl_taken.eq(cp.taken),
+                     cplq.w_data.eq(cp.o.payload), cplq.w_en.eq(cp.o.valid),
+                     cp.o.ready.eq(cplq.w_rdy)]
         head = Signal(self.cpl_layout)
         m.d.comb += head.eq(cplq.r_data)
         due_ok = ~(self.now - head.due)[31]

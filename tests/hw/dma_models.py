@@ -247,8 +247,9 @@ class PortMemorySim:
 
 class PyPortSim:
     """The Python host's side of a :class:`~hw.host.py_port.PyHostPort` (``py_*`` ports of a
-    HostSide), in the Amaranth simulator: the same per-edge protocol as ``sim/host.py``
-    (take a whole TLP per edge, answer it through :class:`sim.tlp_host.PyHost`)."""
+    HostSide), in the Amaranth simulator: the same mailbox protocol as ``sim/host.py`` (take
+    a whole TLP per edge from ``req``, answer it through :class:`sim.tlp_host.PyHost`, push
+    responses into ``cpl``)."""
 
     def __init__(self, dut, data_bytes, pyhost, *, max_payload=256, p_ready=1.0, seed=0,
                  prefix="py_"):
@@ -260,31 +261,15 @@ class PyPortSim:
         self.taken = 0
 
     async def run(self, ctx):
-        W = self.W
         p = self.p
         pushes = []
-        wst = []
+        ack = cseq = 0
         idle = 0
         while True:
-            rdy = self.rng.random() < self.p_ready
-            ctx.set(p("req_ready"), rdy)
-            if pushes:
-                q = pushes[0]
-                ctx.set(p("cpl"), {"tag": q["tag"], "status": q["status"], "addr": q["addr"],
-                                   "len": q["len"], "due": q["due"],
-                                   "data": int.from_bytes(q["data"], "little")})
-            ctx.set(p("cpl_valid"), bool(pushes))
-            ctx.set(p("wst_valid"), bool(wst))
-            if wst:
-                ctx.set(p("wst"), wst[0])
-            _, _, rv, rr, req, cv, cr, wv = await ctx.tick().sample(
-                p("req_valid"), p("req_ready"), p("req"), p("cpl_valid"), p("cpl_ready"),
-                p("wst_valid"))
-            if cv and cr:
-                pushes.pop(0)
-            if wv:
-                wst.pop(0)
-            if rv and rr:
+            await ctx.tick()
+            seq, taken = ctx.get(p("req_seq")), ctx.get(p("cpl_taken"))
+            if seq != ack and self.rng.random() < self.p_ready:
+                req = ctx.get(p("req"))
                 self.taken += 1
                 idle = 0
                 h = req.hdr
@@ -292,13 +277,21 @@ class PyPortSim:
                        "len": _int(h.len)}
                 words = _int(req.data).to_bytes(self.req_bytes, "little")
                 st, out = self.py.request(hdr, _int(req.time), words)
-                if hdr["kind"] == TlpKind.MWR.value:
-                    wst.append(st)
                 pushes += out
+                ack = (ack + 1) & 0xFFFF
+                ctx.set(p("req_status"), st)
+                ctx.set(p("req_ack"), ack)
             else:
                 idle += 1
                 if idle == 64:
                     pushes += self.py.flush()
+            if pushes and taken == cseq:
+                q = pushes.pop(0)
+                ctx.set(p("cpl"), {"tag": q["tag"], "status": q["status"], "addr": q["addr"],
+                                   "len": q["len"], "due": q["due"],
+                                   "data": int.from_bytes(q["data"], "little")})
+                cseq = (cseq + 1) & 0xFFFF
+                ctx.set(p("cpl_seq"), cseq)
 
 
 class ClientsSim:

@@ -67,7 +67,7 @@ class DmaSystem(wiring.Component):
             wiring.connect(m, wiring.flipped(p), hif.wr[c])
         wiring.connect(m, hif.down, side.nic_down)
         wiring.connect(m, side.nic_up, hif.up)
-        m.d.comb += side.nic_mmio.req.valid.eq(0)
+        m.d.comb += [side.nic_mmio.req.ready.eq(0), side.nic_mmio.rdata.valid.eq(0)]
         for name, member in side.signature.members.items():
             if name.startswith("nic_"):
                 continue
@@ -84,35 +84,34 @@ class DmaSystem(wiring.Component):
         return m
 
 
+async def _wait_until(ctx, sig, value):
+    while ctx.get(sig) != value:
+        await ctx.tick()
+
+
 async def cpu_write(ctx, dut, addr, data):
+    """The host CPU writes ``data`` at ``addr``, 64 bytes per transaction (mailbox ``cpu``)."""
     for off in range(0, len(data), 64):
         chunk = data[off:off + 64]
-        ctx.set(dut.cpu.payload, {"we": 1, "addr": addr + off, "len": len(chunk),
-                                  "data": int.from_bytes(chunk, "little")})
-        ctx.set(dut.cpu.valid, 1)
-        await tick_until(ctx, dut.cpu.ready)
-    ctx.set(dut.cpu.valid, 0)
+        seq = (ctx.get(dut.cpu_seq) + 1) & 0xFFFF
+        ctx.set(dut.cpu, {"we": 1, "addr": addr + off, "len": len(chunk),
+                          "data": int.from_bytes(chunk, "little")})
+        ctx.set(dut.cpu_seq, seq)
+        await _wait_until(ctx, dut.cpu_taken, seq)
 
 
 async def cpu_read(ctx, dut, addr, n):
     out = bytearray()
-    ctx.set(dut.cpu_rdata.ready, 1)
     for off in range(0, n, 64):
         k = min(64, n - off)
-        ctx.set(dut.cpu.payload, {"we": 0, "addr": addr + off, "len": k, "data": 0})
-        ctx.set(dut.cpu.valid, 1)
-        await tick_until(ctx, dut.cpu.ready)
-        ctx.set(dut.cpu.valid, 0)
-        data = await _wait_rdata(ctx, dut)
-        out += int(data).to_bytes(64, "little")[:k]
+        seq = (ctx.get(dut.cpu_seq) + 1) & 0xFFFF
+        ctx.set(dut.cpu, {"we": 0, "addr": addr + off, "len": k, "data": 0})
+        ctx.set(dut.cpu_seq, seq)
+        rseq = (ctx.get(dut.cpu_rdata_ack) + 1) & 0xFFFF
+        await _wait_until(ctx, dut.cpu_rdata_seq, rseq)
+        out += int(ctx.get(dut.cpu_rdata.data)).to_bytes(64, "little")[:k]
+        ctx.set(dut.cpu_rdata_ack, rseq)
     return bytes(out)
-
-
-async def _wait_rdata(ctx, dut):
-    while True:
-        _, _, v, p = await ctx.tick().sample(dut.cpu_rdata.valid, dut.cpu_rdata.payload)
-        if v:
-            return p.data
 
 
 def workload(rng, n_rd=3, n_wr=2, per=12, max_len=700):
