@@ -16,10 +16,6 @@ raised (``event``), no completion is added to it any more (each one dropped is c
 (``err_qp``), as "the affected QP shall be moved to the error state". SET_CQ (``cq_event``)
 restarts the CQ out of the error state.
 
-``cqe_count`` counts the CQEs whose write has been handed to the DMA engine (free running):
-the host's event line (``hw/host/host_side.py``) follows it one link latency later, as an
-MSI-X message behind the CQE would.
-
 Producer and consumer indices are 16 bits, free running, so rings of up to 2**15 entries
 are supported.
 
@@ -33,7 +29,6 @@ Ports
     err_qp     Out(QpErrRequest())         QPs to move to ERR (their CQ is in error)
     event      Out(AsyncEventStream())     CQ_ERR events
     cq_err     Out(n_cqs)                  error state of each CQ
-    cqe_count  Out(32)
     stat_cqe, stat_overflow  Out(1)        one-cycle pulses per written / dropped CQE
 """
 
@@ -69,7 +64,6 @@ class Completion(wiring.Component):
             "err_qp": Out(QpErrRequest()),
             "event": Out(AsyncEventStream()),
             "cq_err": Out(cfg.n_cqs),
-            "cqe_count": Out(32),
             "stat_cqe": Out(1),
             "stat_overflow": Out(1),
         })
@@ -178,7 +172,6 @@ class Completion(wiring.Component):
                 with m.If(wr.ready):
                     m.d.sync += [wdata.eq(wdata >> (8 * beat_bytes)), beat.eq(beat + 1)]
                     with m.If(beat == nbeats - 1):
-                        m.d.sync += self.cqe_count.eq(self.cqe_count + 1)
                         m.next = "IDLE"
 
         # a CQE write the host refused: the CQ is in error (a CQ protection error)

@@ -31,6 +31,13 @@ finds its FIFO full anyway is dropped and counted as rejected.
 
 A send ring for a QP number >= ``n_qps`` or on a register the QP is not bound to is
 rejected (``stat_reject``).
+
+**BlueFlame** (mlx5; SMART section 3.1): a 64-byte write-combined write of a whole WQE to
+BlueFlame register *r* (``bf``, from the MMIO front end) is a ring of register *r* for the
+QP the WQE names (``qpn``) with producer index ``index + 1``, checked like an 8-byte ring;
+if it is good, the WQE itself goes to the requester on ``sq_bf`` as well, so that the
+requester can send it without fetching it (it still is in the host's send queue, and the
+requester fetches it by DMA if it cannot use the copy).
 """
 
 from amaranth import *
@@ -39,12 +46,16 @@ from amaranth.lib.wiring import In, Out
 
 from .config import NicConfig
 from .context import DB_INDEX_BITS
-from .formats import DOORBELL
+from .formats import DOORBELL, WQE
+from .mmio import BF_WRITE
 from .interfaces import MmioSignature, Lookup, DoorbellEvent
-from .regmap import Reg, DOORBELL_BASE
+from .regmap import BLUEFLAME_BASE, Reg, DOORBELL_BASE
 from amaranth.utils import ceil_log2
 
-__all__ = ["Doorbells", "CQ_DB_LAYOUT"]
+__all__ = ["Doorbells", "CQ_DB_LAYOUT", "SQ_BF"]
+
+#: A WQE that arrived by BlueFlame, for the requester.
+SQ_BF = data.StructLayout({"qpn": 24, "wqe": WQE})
 
 CQ_DB_LAYOUT = data.StructLayout({"cqn": 16, "ci": 16})
 FIFO_DEPTH = 16
@@ -59,6 +70,8 @@ class Doorbells(wiring.Component):
         self.qpn_bits = max(1, ceil_log2(cfg.n_qps))
         super().__init__({
             "bus": In(MmioSignature()),
+            "bf": In(stream.Signature(BF_WRITE)),
+            "sq_bf": Out(stream.Signature(SQ_BF)),
             "bind": Out(Lookup(self.qpn_bits, DB_INDEX_BITS)),
             "sq_db": Out(DoorbellEvent()),
             "rq_db": Out(DoorbellEvent()),
@@ -77,11 +90,30 @@ class Doorbells(wiring.Component):
         regs = Array(Signal(64, name=f"db{r}") for r in range(cfg.n_doorbells))
         reg_index = Signal(range(max(2, cfg.n_doorbells)))
         in_db_range = Signal()
+        # a BlueFlame write: the WQE names its QP and index
+        bfw = WQE(self.bf.payload.data)
+        bf_reg = Signal(range(max(2, cfg.n_doorbells)))
+        bf_in_range = Signal()
+        m.d.comb += [
+            bf_in_range.eq(self.bf.payload.addr < BLUEFLAME_BASE + 64 * cfg.n_doorbells),
+            bf_reg.eq((self.bf.payload.addr - BLUEFLAME_BASE) >> 6),
+            self.bf.ready.eq(1),
+        ]
+        ring_qpn = Signal(24)
+        ring_pi = Signal(16)
+        ring_reg = Signal.like(reg_index)
+        ring = Signal()                  # a send ring (8-byte doorbell or BlueFlame) this cycle
         m.d.comb += [
             in_db_range.eq((addr >= DOORBELL_BASE) & (addr < DOORBELL_BASE + 8 * cfg.n_doorbells)),
             reg_index.eq((addr - DOORBELL_BASE) >> 3),
-            self.bind.index.eq(word.qpn),
         ]
+        with m.If(self.bf.valid):
+            m.d.comb += [ring.eq(bf_in_range), ring_qpn.eq(bfw.qpn), ring_pi.eq(bfw.index + 1),
+                         ring_reg.eq(bf_reg)]
+        with m.Else():
+            m.d.comb += [ring.eq(bus.we & in_db_range), ring_qpn.eq(word.qpn), ring_pi.eq(word.pi),
+                         ring_reg.eq(reg_index)]
+        m.d.comb += self.bind.index.eq(ring_qpn)
 
         fifos = {}
         for name, layout in (("rq", self.rq_db.payload.shape()), ("cq", CQ_DB_LAYOUT)):
@@ -126,20 +158,27 @@ class Doorbells(wiring.Component):
         reject = Signal()
         m.d.comb += [self.stat_ring.eq(push_ok), self.stat_reject.eq(reject)]
 
+        with m.If(ring):
+            q = ring_qpn[:qb]
+            good = (ring_qpn < nq) & (self.bind.data == ring_reg)
+            with m.If(good):
+                # the QP enters the queue unless it is there already (and not leaving it
+                # this very cycle); the queue has room for every QP, so sq_q.w_rdy holds
+                m.d.comb += [pi_wr.addr.eq(q), pi_wr.data.eq(ring_pi), pi_wr.en.eq(1),
+                             push_ok.eq(1), pend_set.eq(Const(1, nq) << q)]
+                with m.If(~pend.bit_select(q, 1) | (load & (sq_q.r_data == q))):
+                    m.d.comb += [sq_q.w_en.eq(1), sq_q.w_data.eq(q)]
+                # the WQE of a good BlueFlame write goes to the requester too
+                m.d.comb += [self.sq_bf.valid.eq(self.bf.valid),
+                             self.sq_bf.payload.qpn.eq(ring_qpn),
+                             self.sq_bf.payload.wqe.eq(bfw)]
+            with m.Else():
+                m.d.comb += reject.eq(1)
+        with m.Elif(self.bf.valid):
+            m.d.comb += reject.eq(1)          # outside the BlueFlame registers
         with m.If(bus.we):
             with m.If(in_db_range):
                 m.d.sync += regs[reg_index].eq(bus.wdata)
-                q = word.qpn[:qb]
-                good = (word.qpn < nq) & (self.bind.data == reg_index)
-                with m.If(good):
-                    # the QP enters the queue unless it is there already (and not leaving it
-                    # this very cycle); the queue has room for every QP, so sq_q.w_rdy holds
-                    m.d.comb += [pi_wr.addr.eq(q), pi_wr.data.eq(word.pi), pi_wr.en.eq(1),
-                                 push_ok.eq(1), pend_set.eq(Const(1, nq) << q)]
-                    with m.If(~pend.bit_select(q, 1) | (load & (sq_q.r_data == q))):
-                        m.d.comb += [sq_q.w_en.eq(1), sq_q.w_data.eq(q)]
-                with m.Else():
-                    m.d.comb += reject.eq(1)
             with m.Elif(addr == Reg.RQ_DB):
                 with m.If((word.qpn < cfg.n_qps) & fifos["rq"].w_rdy):
                     m.d.comb += [fifos["rq"].w_en.eq(1), fifos["rq"].w_data.eq(Cat(word.qpn, word.pi))]

@@ -142,7 +142,8 @@ WQE_FLAG_SOLICITED = 1 << 2
 WQE = data.StructLayout({
     "opcode": 8,          # byte 0: WrOpcode
     "flags": 8,           # byte 1: WQE_FLAG_*
-    "rsvd0": 16,          # bytes 2-3
+    "index": 16,          # bytes 2-3: the WQE's index in the send queue (free running): a
+                          # BlueFlame write names its slot (mlx5's wqe_index)
     "imm": 32,            # bytes 4-7: immediate data (host order)
     "wr_id": 64,          # bytes 8-15
     "local_addr": 64,     # bytes 16-23
@@ -150,7 +151,8 @@ WQE = data.StructLayout({
     "lkey": 32,           # bytes 28-31
     "remote_addr": 64,    # bytes 32-39
     "rkey": 32,           # bytes 40-43
-    "rsvd1": 32,          # bytes 44-47
+    "qpn": 24,            # bytes 44-46: the QP (a BlueFlame write names its QP)
+    "rsvd1": 8,           # byte 47
     "compare_add": 64,    # bytes 48-55: CAS compare value, or FAA addend
     "swap": 64,           # bytes 56-63: CAS swap value
 })

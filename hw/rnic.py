@@ -66,7 +66,6 @@ class Rnic(wiring.Component):
                                    BlueFlame, counters), back-pressured.
     down : Out(TlpDown)            TLPs to the host (DMA reads and writes) ...
     up : In(TlpUp)                 ... and from it (completions, write responses).
-    cqe_count : Out(32)            CQEs written so far (the host's event line follows it).
     tx : Out(BeatStream)           Ethernet frames to the network.
     rx : In(BeatStream)            Ethernet frames from the network.
     """
@@ -90,7 +89,6 @@ class Rnic(wiring.Component):
             "mmio": In(MmioPort()),
             "down": Out(TlpDown(W)),
             "up": In(TlpUp(W)),
-            "cqe_count": Out(32),
             "tx": Out(BeatStream(W)),
             "rx": In(BeatStream(W)),
         })
@@ -152,7 +150,6 @@ class Rnic(wiring.Component):
         wiring.connect(m, resp.set_err, context.err_resp)
         wiring.connect(m, comp.err_qp, context.err_cq)
         wiring.connect(m, comp.event, events.i)
-        m.d.comb += self.cqe_count.eq(comp.cqe_count)
 
         # Doorbells.
         wiring.connect(m, doorbells.sq_db, req.db)

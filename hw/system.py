@@ -1,9 +1,9 @@
 """Two RNIC nodes joined by a link in each direction: the system every experiment runs on.
 
 Each node has its host side (``hw/host/host_side.py``: the PCIe link model, the host of the
-configured kind, the MMIO path and the event line); the host side's Python-facing ports are
+configured kind and the MMIO path); the host side's Python-facing ports are
 at the top level, prefixed ``a_`` and ``b_`` (``a_mmio_cmd``, ``a_mmio_resp``,
-``a_cqe_events``, and ``a_py_*`` for the Python host or ``a_cpu``, ``a_cpu_rdata``,
+and ``a_py_*`` for the Python host or ``a_cpu``, ``a_cpu_rdata``,
 ``a_wtap`` for the RTL host). The network links model serialisation and latency
 (``hw/link.py``) from the :class:`~hw.config.LinkConfig` converted to NIC cycles. ``tap_ab`` / ``tap_ba`` mirror every beat accepted by a link so
 that a testbench can write a pcap of everything the network carried (before faults).
@@ -82,7 +82,6 @@ class TwoNodeSystem(wiring.Component):
             wiring.connect(m, nodes[n].down, side.nic_down)
             wiring.connect(m, side.nic_up, nodes[n].up)
             wiring.connect(m, side.nic_mmio, nodes[n].mmio)
-            m.d.comb += side.nic_cqe_count.eq(nodes[n].cqe_count)
             for name, member in side.signature.members.items():
                 if name.startswith(("nic_", "stat_")):
                     continue

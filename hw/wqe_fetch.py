@@ -11,8 +11,15 @@ free; ``count`` must be in [1, depth]. If the host fails the read (``err`` on th
 :func:`~hw.interfaces.DmaReadPort`), every WQE it covered comes out with ``err`` set and its
 contents must not be used (the requester completes it with ``LOC_QP_OP_ERR``).
 
+A request with ``bf`` set carries its WQE (one, ``count`` = 1: a WQE the host wrote by
+BlueFlame, ``hw/doorbell.py``) and reads nothing: the WQE waits in a FIFO of ``depth``
+entries and comes out in request order with the fetched ones, so that the consumer sees
+the WQEs of all requests in the order they were made whatever the DMA latency.
+
 Ports
-    req   In(stream {addr: 64, count: bits_for(depth)})  first WQE's host address, WQEs to read
+    req   In(stream {addr: 64, count: bits_for(depth), bf: 1, wqe: WQE})
+                                                          first WQE's host address, WQEs to
+                                                          read (or the BlueFlame WQE)
     dma   Out(DmaReadPort(W))                             DMA read port (tag 0)
     wqe   Out(stream {wqe: WQE, err: 1})                  the decoded WQEs, in order
 """
@@ -26,10 +33,15 @@ from amaranth.utils import bits_for
 from . import formats
 from .interfaces import DmaReadPort
 
-__all__ = ["WqeFetch", "FETCHED"]
+__all__ = ["WqeFetch", "FETCHED", "fetch_request_layout"]
 
 #: A fetched WQE and whether the host failed its read.
 FETCHED = data.StructLayout({"wqe": formats.WQE, "err": 1})
+
+
+def fetch_request_layout(depth):
+    return data.StructLayout({"addr": 64, "count": bits_for(depth), "bf": 1,
+                              "wqe": formats.WQE})
 
 
 class WqeFetch(wiring.Component):
@@ -42,7 +54,7 @@ class WqeFetch(wiring.Component):
         self.data_bytes = data_bytes
         self.depth = depth
         super().__init__({
-            "req": In(stream.Signature(data.StructLayout({"addr": 64, "count": bits_for(depth)}))),
+            "req": In(stream.Signature(fetch_request_layout(depth))),
             "dma": Out(DmaReadPort(data_bytes)),
             "wqe": Out(stream.Signature(FETCHED)),
         })
@@ -54,18 +66,29 @@ class WqeFetch(wiring.Component):
         nbeats = formats.WQE_BYTES // W
 
         m.submodules.fifo = fifo = SyncFIFOBuffered(width=FETCHED.size, depth=K)
-        reserved = Signal(range(K + 1))      # WQEs requested and not yet taken by the consumer
+        m.submodules.bf_fifo = bf_fifo = SyncFIFOBuffered(width=formats.WQE.size, depth=K)
+        # the requests in order: {bf, count}; the head one is being output
+        cb = bits_for(K)
+        m.submodules.order = order = SyncFIFOBuffered(width=1 + cb, depth=K + 1)
+        reserved = Signal(range(K + 1))      # fetched WQEs requested and not yet taken
         take_req = Signal()
         take_out = Signal()
 
-        cnt = self.req.payload.count
+        rq = self.req.payload
+        cnt = rq.count
+        room = Signal()
         m.d.comb += [
-            self.dma.req.valid.eq(self.req.valid & (cnt <= K - reserved)),
-            self.dma.req.payload.addr.eq(self.req.payload.addr),
+            room.eq(Mux(rq.bf, bf_fifo.w_rdy, cnt <= K - reserved) & order.w_rdy),
+            self.dma.req.valid.eq(self.req.valid & ~rq.bf & room),
+            self.dma.req.payload.addr.eq(rq.addr),
             self.dma.req.payload.len.eq(cnt * formats.WQE_BYTES),
             self.dma.req.payload.tag.eq(0),
-            self.req.ready.eq(self.dma.req.ready & (cnt <= K - reserved)),
+            self.req.ready.eq(room & (rq.bf | self.dma.req.ready)),
             take_req.eq(self.req.valid & self.req.ready),
+            order.w_en.eq(take_req),
+            order.w_data.eq(Cat(rq.bf, Mux(rq.bf, 1, cnt))),
+            bf_fifo.w_en.eq(take_req & rq.bf),
+            bf_fifo.w_data.eq(rq.wqe),
         ]
         rd = self.dma.rd
 
@@ -89,11 +112,23 @@ class WqeFetch(wiring.Component):
             if nbeats > 1:
                 m.d.sync += beat.eq(Mux(beat == nbeats - 1, 0, beat + 1))
 
+        # output: from the FIFO the head request names, ``count`` WQEs
+        head_bf = order.r_data[0]
+        head_n = order.r_data[1:]
+        done_n = Signal(cb)                   # WQEs of the head request already output
         m.d.comb += [
-            self.wqe.valid.eq(fifo.r_rdy),
-            self.wqe.payload.eq(fifo.r_data),
-            fifo.r_en.eq(self.wqe.ready),
+            self.wqe.valid.eq(order.r_rdy & Mux(head_bf, bf_fifo.r_rdy, fifo.r_rdy)),
+            self.wqe.payload.eq(Mux(head_bf, Cat(bf_fifo.r_data, C(0, 1)), fifo.r_data)),
             take_out.eq(self.wqe.valid & self.wqe.ready),
+            fifo.r_en.eq(take_out & ~head_bf),
+            bf_fifo.r_en.eq(take_out & head_bf),
         ]
-        m.d.sync += reserved.eq(reserved + Mux(take_req, cnt, 0) - take_out)
+        with m.If(take_out):
+            with m.If(done_n + 1 == head_n):
+                m.d.comb += order.r_en.eq(1)
+                m.d.sync += done_n.eq(0)
+            with m.Else():
+                m.d.sync += done_n.eq(done_n + 1)
+        m.d.sync += reserved.eq(reserved + Mux(take_req & ~rq.bf, cnt, 0)
+                                - (take_out & ~head_bf))
         return m

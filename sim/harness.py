@@ -1,22 +1,25 @@
 """cocotb harness for the two-node system (hw/system.py): hosts, verbs, pcap, scoreboard.
 
-A :class:`Host` owns one node's host memory, its DMA model, its MMIO driver and a verbs
-:class:`~sim.verbs.Context`. :class:`TwoNodes` starts the clock, resets, opens both
-contexts and offers helpers used by tests and experiments: connected QP pairs with their
-CQs and memory regions, waiting for completions without waking Python every cycle, and an
+A :class:`Host` owns one node's host side in Python: the memory (a :class:`HostMemory`
+served by a :class:`PyHostDriver` for the Python host, or an :class:`RtlHostMemory` for the
+RTL host), the MMIO driver and a verbs :class:`~sim.verbs.Context`. :class:`TwoNodes` starts
+the clock, resets, opens both contexts and offers helpers used by tests and experiments:
+connected QP pairs with their CQs and memory regions, waiting for completions, and an
 optional pcap of every frame the links carry.
 
-Python acts per transaction here: completions are awaited on the DMA model's
-"writes became visible" event, never by polling every clock.
+Python acts per transaction here: a thread waiting for completions sleeps until the host
+takes a DMA write into one of its CQ rings (the host driver's ``on_write``: a CPU polling the
+CQ's cache line sees the CQE then), never polling every clock.
 """
 
 import cocotb
-from cocotb.triggers import First, RisingEdge, Timer
+from cocotb.triggers import Event, First, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
-from hw.formats import Access
-from .host import DmaSlave, HostMemory, Mmio, start_clock_and_reset
+from hw.formats import CQE_BYTES, Access
+from .host import HostMemory, MmioDriver, PyHostDriver, RtlHostMemory
 from .pcap import PcapWriter
+from .simclock import start_clock_and_reset
 from . import verbs
 
 __all__ = ["Host", "TwoNodes", "FrameMonitor", "ALL_ACCESS"]
@@ -30,31 +33,66 @@ def now_ns():
 
 
 class Host:
-    """The host side of one node."""
+    """The host side of one node (``cfg.host.kind`` picks the Python or the RTL host).
 
-    def __init__(self, dut, prefix, node_id, cfg, *, backpressure=None, seed=0, doorbell_policy="mlx5"):
+    backpressure   Python host only: probability that it waits a few cycles before taking a
+                   request (None: never).
+    fail           Python host only: ``fail(addr, len, is_write)`` makes DMA requests fail.
+
+    Construct it in the time step the design's reset is raised (it zeroes its mailbox
+    ports), then call ``dma.start()`` once the reset is released.
+    """
+
+    def __init__(self, dut, prefix, node_id, cfg, *, backpressure=None, seed=0,
+                 doorbell_policy="mlx5", fail=None):
         self.cfg = cfg
-        self.mem = HostMemory()
-        self.dma = DmaSlave(dut, f"{prefix}_dma_", self.mem, dut.clk, cfg.host, cfg.nic.clock_mhz,
-                            backpressure=backpressure, seed=seed)
-        self.mmio = Mmio(dut, f"{prefix}_mmio__", dut.clk, cfg.host.mmio_ns)
-        self.ctx = verbs.Context(self.mmio, self.mem, cfg.nic, node_id, doorbell_policy=doorbell_policy)
+        self.kind = cfg.host.kind
+        if self.kind == "python":
+            self.mem = HostMemory()
+            self.dma = PyHostDriver(dut, f"{prefix}_py_", self.mem, cfg,
+                                    backpressure=backpressure, seed=seed, fail=fail)
+            base, size = 0x1000_0000, 1 << 24
+        else:
+            if fail is not None:
+                raise ValueError("fail: the RTL host fails only addresses outside its memory")
+            self.mem = self.dma = RtlHostMemory(dut, f"{prefix}_", cfg)
+            base, size = cfg.host.rtl_mem_base, cfg.host.rtl_mem_bytes
+        self.mmio = MmioDriver(dut, f"{prefix}_mmio_")
+        self._cq_written = Event()
+        self._cq_pages, self._cq_known = set(), 0
+        self.dma.on_write = self._on_write
+        self.ctx = verbs.Context(self.mmio, self.mem, cfg.nic, node_id,
+                                 doorbell_policy=doorbell_policy, host_base=base, host_size=size)
+
+    async def write_mem(self, addr, data):
+        """Write host memory as the host CPU (both kinds)."""
+        r = self.mem.write(addr, data)
+        if r is not None:
+            await r
+
+    def _on_write(self, addr, n):
+        if len(self.ctx.cqs) != self._cq_known:
+            self._cq_known = len(self.ctx.cqs)
+            self._cq_pages = {p for cq in self.ctx.cqs.values()
+                              for p in range(cq.base >> 12,
+                                             ((cq.base + cq.depth * CQE_BYTES - 1) >> 12) + 1)}
+        if addr >> 12 in self._cq_pages or (addr + n - 1) >> 12 in self._cq_pages:
+            self._cq_written.set()
 
     async def wait_completions(self, cq, n, timeout_ns=1_000_000):
-        """Poll ``cq`` until ``n`` completions arrived; woken only when DMA writes land."""
+        """Poll ``cq`` until ``n`` completions arrived; woken only by writes into CQ rings."""
         wcs = []
         deadline = now_ns() + timeout_ns
         while True:
-            # Clear before polling: a CQE that lands while poll_cq is itself waiting (on its
-            # consumer-index doorbell) sets the event again and is not missed.
-            self.dma.visible.clear()
+            self._cq_written.clear()
             wcs += await cq.poll_cq(n - len(wcs))
             if len(wcs) >= n:
                 return wcs
             left = deadline - now_ns()
             if left <= 0:
                 raise TimeoutError(f"{len(wcs)} of {n} completions after {timeout_ns} ns")
-            await First(self.dma.visible.wait(), Timer(max(1, int(left * 1000)), "ps"))
+            if not self._cq_written.is_set():
+                await First(self._cq_written.wait(), Timer(max(1, int(left * 1000)), "ps"))
 
     async def read_counters(self):
         from hw.regmap import Counter
@@ -108,11 +146,18 @@ class TwoNodes:
         self.pcap = None
 
     @classmethod
-    async def start(cls, dut, cfg, *, backpressure=None, seed=0, pcap=None, doorbell_policy="mlx5"):
-        await start_clock_and_reset(dut, cfg.nic.clock_mhz)
+    async def start(cls, dut, cfg, *, backpressure=None, seed=0, pcap=None, doorbell_policy="mlx5",
+                    fail=None):
+        """``fail`` (Python host): ``fail(node, addr, len, is_write)`` fails DMA requests."""
+        # the hosts' mailbox ports are set in the time step the reset is raised
         hosts = [Host(dut, p, i, cfg, backpressure=backpressure, seed=seed * 2 + i,
-                      doorbell_policy=doorbell_policy) for i, p in enumerate(("a", "b"))]
+                      doorbell_policy=doorbell_policy,
+                      fail=None if fail is None else (lambda a, n, w, i=i: fail(i, a, n, w)))
+                 for i, p in enumerate(("a", "b"))]
+        await start_clock_and_reset(dut, cfg.nic.clock_mhz)
         self = cls(dut, cfg, hosts)
+        for h in hosts:
+            h.dma.start()
         for h in hosts:
             await h.ctx.open()
         if pcap:

@@ -94,7 +94,6 @@ class Scoreboard:
             for p in compare_completions(self.expected.get(key, []), self.actual.get(key, [])):
                 problems.append(f"node {key[0]} qp {key[1]}: {p}")
         for h in self.hosts:
-            h.dma.flush()
             node = self.ref.node(h.ctx.node_id)
             for addr, exp, act in node.compare_memory(h.mem.read)[:10]:
                 problems.append(f"node {h.ctx.node_id} memory at {addr:#x}: expected "
@@ -103,6 +102,26 @@ class Scoreboard:
         if problems:
             raise ScoreboardError("\n".join(problems[:40]))
         return sum(len(v) for v in self.actual.values())
+
+    async def check_host_memory(self):
+        """For an RTL host: its real memory (read back through the host CPU port) equals the
+        copy the checks used (kept by the CPU writes and the write tap), over every
+        registered region and CQ ring."""
+        problems = []
+        for h in self.hosts:
+            readback = getattr(h.mem, "readback", None)
+            if readback is None:
+                continue
+            ranges = [(mr.addr, mr.length) for mr in h.ctx._mr_slots if mr is not None]
+            ranges += [(cq.base, cq.depth * 32) for cq in h.ctx.cqs.values()]
+            for a, n in ranges:
+                real, copy = await readback(a, n), h.mem.read(a, n)
+                if real != copy:
+                    k = next(i for i in range(n) if real[i] != copy[i])
+                    problems.append(f"node {h.ctx.node_id}: RTL host memory at {a + k:#x} "
+                                    f"differs from what its write tap showed")
+        if problems:
+            raise ScoreboardError("\n".join(problems[:10]))
 
     @staticmethod
     def _check_write_targets(h):

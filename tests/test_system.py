@@ -2,7 +2,10 @@
 
 The system is built once per session (cached by a hash of its Verilog); the cocotb module
 tests/cocotb/tb_system.py runs every test case in one simulator process and each pytest
-test below reports one of them.
+test below reports one of them. The main run uses the Python host with completion
+reordering (0.3) and random delays before it takes a request; a second build with the RTL
+host (memory on chip) runs the opcode test and the 10,000-WR random test again, and checks
+the RTL memory against what its write tap showed.
 """
 
 import os
@@ -41,8 +44,26 @@ def pcap_path(tmp_path_factory):
 def system_run(pcap_path):
     info = build(TwoNodeSystem(preset("small")), "system_small")
     env = {"RNIC_PRESET": "small", "TB_OPS": os.environ.get("TB_OPS", "10000"), "TB_SEED": "1",
-           "PCAP_FILE": str(pcap_path)}
+           "PCAP_FILE": str(pcap_path), "RNIC_REORDER": "0.3"}
     return run(info, "tests.cocotb.tb_system", extra_env=env, check=False)
+
+
+RTL_CASES = ["test_each_opcode", "test_random_mixed"]
+
+
+@pytest.fixture(scope="module")
+def rtl_run():
+    info = build(TwoNodeSystem(preset("small").replace(host__kind="rtl")), "system_small_rtl")
+    env = {"RNIC_PRESET": "small", "RNIC_HOST": "rtl", "TB_SEED": "2",
+           "TB_OPS": os.environ.get("TB_OPS", "10000")}
+    return run(info, "tests.cocotb.tb_system", testcase=RTL_CASES, extra_env=env, check=False)
+
+
+@pytest.mark.parametrize("case", RTL_CASES)
+def test_system_rtl_host(rtl_run, case):
+    results = {t.name.split(".")[-1]: t for t in rtl_run.tests}
+    assert case in results, f"{case} did not run; log:\n{rtl_run.log()[-3000:]}"
+    assert results[case].passed, f"{case} failed: {results[case].message}"
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,11 +1,10 @@
-"""Everything between one NIC and its host: PCIe link both ways, the host, the MMIO path, events.
+"""Everything between one NIC and its host: PCIe link both ways, the host, the MMIO path.
 
 ::
 
     NIC down --> PcieLink(down) --> host (RtlHost, or PyHostPort to Python)
     NIC up   <-- PcieLink(up)   <--
     NIC mmio <-- MmioMaster <-- mmio_cmd (Python / workload engine)
-    NIC cqe_count --> DelayLine(pcie) --> cqe_events (what the host sees)
 
 The host kind comes from :class:`hw.config.HostConfig` ``kind``: ``"rtl"`` (memory on chip,
 ``cpu`` / ``cpu_rdata`` ports for the host CPU, and a write tap: ``wtap`` holds the last MWr
@@ -14,26 +13,26 @@ testbench can mirror the memory without asking for it) or ``"python"`` (the adap
 ``py_*`` ports, served by ``sim/host.py``). Both see identical link timing, so a workload gives the
 same completion times on both (checked by tests/test_hosts.py).
 
-``cqe_count`` of the NIC counts the CQEs it has written; the count reaches ``cqe_events``
-after the link latency, as an MSI-X interrupt message would, behind the CQE's own write:
-the host's event line, which Python waits on (a value change) instead of polling.
+The host learns of a completion the way a polling CPU does, by the CQE's write reaching
+its memory: the Python side watches the writes the host takes (``sim/host.py``: the Python
+host's requests, the RTL host's write tap) and wakes the threads waiting on a CQ whose ring
+was written, so it never polls per cycle and never wakes before the CQE is in memory.
 
 Ports (NIC side): ``nic_down: In(TlpDown(W))``, ``nic_up: Out(TlpUp(W))``, ``nic_mmio:
-Out(MmioPort())``, ``nic_cqe_count: In(32)``. Host side, for Python or a workload engine,
+Out(MmioPort())``. Host side, for Python or a workload engine,
 each a mailbox handshaken by counters (:mod:`hw.lib.seq_port`, so that it works whatever
 side of a clock edge the testbench reads on): ``mmio_cmd`` (``_seq`` in, ``_taken`` out),
 ``mmio_resp`` (``_seq`` out, ``_ack`` in), for the RTL host ``cpu`` and ``cpu_rdata`` the same
-way; ``cqe_events: Out(32)``; ``stat_down_bytes``, ``stat_up_bytes``; and the ports named
+way; ``stat_down_bytes``, ``stat_up_bytes``; and the ports named
 above.
 """
 
 from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import SystemConfig
 from ..interfaces import MMIO_RDATA, MMIO_REQ, MmioPort, TlpDown, TlpUp
-from ..lib.delay import DelayLine
 from ..lib.seq_port import SeqIn, SeqOut
 from .mmio_master import MmioMaster
 from .pcie_link import PcieLink
@@ -70,14 +69,12 @@ class HostSide(wiring.Component):
             "nic_down": In(TlpDown(W)),
             "nic_up": Out(TlpUp(W)),
             "nic_mmio": Out(MmioPort()),
-            "nic_cqe_count": In(32),
             "mmio_cmd": In(MMIO_REQ),
             "mmio_cmd_seq": In(16),
             "mmio_cmd_taken": Out(16),
             "mmio_resp": Out(MMIO_RDATA),
             "mmio_resp_seq": Out(16),
             "mmio_resp_ack": In(16),
-            "cqe_events": Out(32),
             "stat_down_bytes": Out(16),
             "stat_up_bytes": Out(16),
         }
@@ -105,7 +102,6 @@ class HostSide(wiring.Component):
             for name, member in self.host.signature.members.items():
                 if name not in ("down", "up"):
                     ports[f"py_{name}"] = member
-        self.events = DelayLine(data.StructLayout({"n": 1}), lat, 64)
         super().__init__(ports)
 
     def elaborate(self, platform):
@@ -171,14 +167,4 @@ class HostSide(wiring.Component):
                     m.d.comb += getattr(host, name).eq(ours)
                 else:
                     m.d.comb += ours.eq(getattr(host, name))
-
-        # the host's event line: every CQE the NIC wrote, one link latency later
-        m.submodules.events = ev = self.events
-        seen = Signal(32)
-        m.d.comb += ev.i.valid.eq(seen != self.nic_cqe_count)
-        with m.If(ev.i.valid & ev.i.ready):
-            m.d.sync += seen.eq(seen + 1)
-        m.d.comb += ev.o.ready.eq(1)
-        with m.If(ev.o.valid):
-            m.d.sync += self.cqe_events.eq(self.cqe_events + 1)
         return m

@@ -42,7 +42,7 @@ async def loss_sweep(dut):
     pairs = [await sysm.pair(buf_bytes=1 << 16, sq_depth=64, cq_depth=256, timeout=timeout,
                              retry_cnt=7, rnr_retry=7) for _ in range(nq)]
     for a, b in pairs:
-        sysm.b.mem.write(b["buf"] + COUNTER_OFF, bytes(8))
+        await sysm.b.write_mem(b["buf"] + COUNTER_OFF, bytes(8))
     adds = [0] * nq
     points = []
     for k, rate in enumerate(rates):
@@ -92,7 +92,6 @@ async def loss_sweep(dut):
         for t in tasks:
             written += await t
         elapsed = now_ns() - t0
-        sysm.b.dma.flush()
         counters_ok = all(sysm.b.mem.read_int(b["buf"] + COUNTER_OFF) == adds[q]
                           for q, (a, b) in enumerate(pairs))
         c1 = (await sysm.a.read_counters(), await sysm.b.read_counters())

@@ -103,8 +103,8 @@ async def rx_counts(dut, host_b):
             "qp_drop": await rd(Counter.RX_DROP_QP)}
 
 
-def fill(host, addr, n, seed):
-    host.mem.write(addr, random.Random(seed).randbytes(n))
+async def fill(host, addr, n, seed):
+    await host.write_mem(addr, random.Random(seed).randbytes(n))
 
 
 class GoodTraffic:
@@ -161,7 +161,7 @@ async def setup_fuzz_side(sysm):
              ("dereg", 512, ALL_ACCESS)]
     for i, (name, size, acc) in enumerate(specs):
         buf = ctx.alloc(size, 4096)
-        fill(hb, buf, size, 100 + i)
+        await fill(hb, buf, size, 100 + i)
         regions[name] = await ctx.reg_mr(pd, buf, size, acc)
     stale = regions.pop("dereg")
     await ctx.dereg_mr(stale)
@@ -262,10 +262,10 @@ async def test_fuzz(dut):
     rng = random.Random(SEED)
     sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
     a, b = await sysm.pair(buf_bytes=GOOD_BUF, sq_depth=64, rq_depth=64, cq_depth=256)
-    fill(sysm.a, a["buf"], GOOD_BUF, 1)
-    fill(sysm.b, b["buf"], GOOD_BUF, 2)
+    await fill(sysm.a, a["buf"], GOOD_BUF, 1)
+    await fill(sysm.b, b["buf"], GOOD_BUF, 2)
     for h, e in ((sysm.a, a), (sysm.b, b)):
-        h.mem.write(e["buf"] + WTGT, bytes(128))
+        await h.write_mem(e["buf"] + WTGT, bytes(128))
     sb = Scoreboard(sysm)
     sb.mirror()            # before the fuzz side exists: the reference sees only the good pair
     fz = await setup_fuzz_side(sysm)

@@ -84,12 +84,12 @@ async def run_lossy(dut, ops, loss, seed=SEED):
     for h in (sysm.a, sysm.b):
         shared[h] = h.ctx.alloc(4096, 4096)
         results[h] = h.ctx.alloc(1 << 16, 4096)
-        h.mem.write(shared[h], bytes(8 * N_COUNTERS))
+        await h.write_mem(shared[h], bytes(8 * N_COUNTERS))
         shared_mr[h] = await h.ctx.reg_mr(pds[h], shared[h], 4096, ALL_ACCESS)
         results_mr[h] = await h.ctx.reg_mr(pds[h], results[h], 1 << 16, ALL_ACCESS)
     for i, (x, y) in enumerate(pairs):
-        fill(sysm.a, x["buf"], buf, 10 + i)
-        fill(sysm.b, y["buf"], buf, 20 + i)
+        await fill(sysm.a, x["buf"], buf, 10 + i)
+        await fill(sysm.b, y["buf"], buf, 20 + i)
     sb = Scoreboard(sysm)
     sb.mirror()
     # the order in which QPs add to a shared counter is not defined: neither are the results
@@ -164,7 +164,7 @@ async def test_rnr_retry(dut):
     posted, then completes; the responder's memory has the data once."""
     sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
     a, b = await sysm.pair(timeout=1, retry_cnt=7, rnr_retry=7, min_rnr_timer=1)
-    fill(sysm.a, a["buf"], 1 << 16, 5)
+    await fill(sysm.a, a["buf"], 1 << 16, 5)
     c0 = await sysm.a.read_counters()
     await a["qp"].post_send(SendWR(1, S, (a["buf"], 300, a["mr"].lkey), send_flags=SendFlags.SIGNALED))
     await Timer(35, "us")
@@ -173,7 +173,6 @@ async def test_rnr_retry(dut):
     assert (wc.wr_id, wc.status) == (1, WcStatus.SUCCESS), wc
     [rc] = await sysm.b.wait_completions(b["cq"], 1, 1_000_000)
     assert (rc.wr_id, rc.status, rc.byte_len) == (9, WcStatus.SUCCESS, 300), rc
-    sysm.b.dma.flush()
     assert sysm.b.mem.read(b["buf"] + 0x8000, 300) == sysm.a.mem.read(a["buf"], 300)
     c1 = await sysm.a.read_counters()
     assert c1["RNR_NAKS_RECEIVED"] - c0["RNR_NAKS_RECEIVED"] >= 2
@@ -187,7 +186,7 @@ async def test_link_down(dut):
     sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
     links = await faults_on(dut, 0.0, SEED)
     a, b = await sysm.pair(timeout=1, retry_cnt=3)
-    fill(sysm.a, a["buf"], 1 << 16, 6)
+    await fill(sysm.a, a["buf"], 1 << 16, 6)
     la, lk, ra, rk = a["buf"], a["mr"].lkey, b["buf"], b["mr"].rkey
     links[0].set_down(True)
     wrs = [SendWR(1, W, (la, 100, lk), ra, rk, send_flags=SendFlags.SIGNALED),
@@ -206,8 +205,8 @@ async def test_link_down(dut):
     links[0].set_down(False)
     # new QPs work after the link came back
     x, y = await sysm.pair(timeout=1, retry_cnt=3)
-    fill(sysm.a, x["buf"], 1 << 16, 7)
-    fill(sysm.b, y["buf"], 1 << 16, 8)
+    await fill(sysm.a, x["buf"], 1 << 16, 7)
+    await fill(sysm.b, y["buf"], 1 << 16, 8)
     sb = Scoreboard(sysm)
     sb.mirror()
     await sb.post_recv(y["qp"], RecvWR(50, y["buf"] + 0x8000, 0x800, y["mr"].lkey))

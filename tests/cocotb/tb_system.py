@@ -1,7 +1,9 @@
 """cocotb tests of the two-node system (hw/system.py), scored against the reference model.
 
 Run through tests/test_system.py. Environment: ``RNIC_PRESET`` (default ``small``),
-``TB_SEED``, ``TB_OPS`` (random test size), ``TB_BACKPRESSURE`` (DMA ready-low probability).
+``RNIC_HOST`` (``python``, the default, or ``rtl``: the build must match), ``RNIC_REORDER``
+(the Python host's completion reordering probability), ``TB_SEED``, ``TB_OPS`` (random test
+size), ``TB_BACKPRESSURE`` (the Python host's probability of delaying a request).
 """
 
 import dataclasses
@@ -19,7 +21,9 @@ from sim.scoreboard import Scoreboard
 from sim.verbs import (SendWR, RecvWR, SendFlags, CommandError, VerbsError, ENOMEM,
                        FIRST_QPN)
 
-CFG = preset(os.environ.get("RNIC_PRESET", "small"))
+CFG = preset(os.environ.get("RNIC_PRESET", "small")).replace(
+    host__kind=os.environ.get("RNIC_HOST", "python"),
+    host__reorder=float(os.environ.get("RNIC_REORDER", "0")))
 SEED = int(os.environ.get("TB_SEED", "1"))
 OPS = int(os.environ.get("TB_OPS", "2000"))
 BP = float(os.environ.get("TB_BACKPRESSURE", "0.2"))
@@ -29,17 +33,17 @@ W, R, S, SI, WI = (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ, WrOpcode.SEND,
 CAS, FAA = WrOpcode.ATOMIC_CMP_AND_SWP, WrOpcode.ATOMIC_FETCH_AND_ADD
 
 
-def fill(host, addr, n, seed):
+async def fill(host, addr, n, seed):
     rng = random.Random(seed)
-    host.mem.write(addr, bytes(rng.getrandbits(8) for _ in range(n)))
+    await host.write_mem(addr, bytes(rng.getrandbits(8) for _ in range(n)))
 
 
 async def setup(dut, **kw):
     sysm = await TwoNodes.start(dut, CFG, backpressure=kw.pop("backpressure", BP), seed=SEED,
                                 pcap=kw.pop("pcap", None))
     a, b = await sysm.pair(**kw)
-    fill(sysm.a, a["buf"], 1 << 16, 1)
-    fill(sysm.b, b["buf"], 1 << 16, 2)
+    await fill(sysm.a, a["buf"], 1 << 16, 1)
+    await fill(sysm.b, b["buf"], 1 << 16, 2)
     sb = Scoreboard(sysm)
     sb.mirror()
     return sysm, a, b, sb
@@ -376,10 +380,10 @@ async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeo
     pairs = [await sysm.pair(buf_bytes=buf, sq_depth=64, rq_depth=64, cq_depth=512)
              for _ in range(npairs)]
     for i, (x, y) in enumerate(pairs):
-        fill(sysm.a, x["buf"], buf, 10 + i)
-        fill(sysm.b, y["buf"], buf, 20 + i)
+        await fill(sysm.a, x["buf"], buf, 10 + i)
+        await fill(sysm.b, y["buf"], buf, 20 + i)
         for host, end in ((sysm.a, x), (sysm.b, y)):      # shared counters start at 0
-            host.mem.write(end["buf"] + write_area, bytes(128))
+            await host.write_mem(end["buf"] + write_area, bytes(128))
     sb = Scoreboard(sysm)
     sb.mirror()
     done = 0
@@ -397,6 +401,7 @@ async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeo
         await post_batch(sb, batch)
         done += len(batch)
         await sb.check(timeout_ns=timeout_ns)
+    await sb.check_host_memory()
     dut._log.info(f"random: {done} work requests over {npairs} QP pairs checked")
     return sysm, sb
 

@@ -11,8 +11,9 @@ from sim.host import HostMemory
 from tests.hw.dma_models import PortMemorySim, tick_until
 
 
-def run(W, seed, n=12, bp=0.3, depth=4, fail=None):
-    """Fetch ``n`` random WQEs in random batches through the shared DMA port model; return
+def run(W, seed, n=12, bp=0.3, depth=4, fail=None, p_bf=0.0):
+    """Fetch ``n`` random WQEs in random batches through the shared DMA port model (a
+    fraction ``p_bf`` of them are single BlueFlame WQEs given with the request); return
     (requests seen by the host, [(fields, err)] out of the block, expected fields)."""
     dut = WqeFetch(W, depth)
     rng = random.Random(seed)
@@ -22,6 +23,9 @@ def run(W, seed, n=12, bp=0.3, depth=4, fail=None):
     while sum(c for _, c in batches) < n:
         c = min(rng.randrange(1, depth + 1), n - sum(c for _, c in batches))
         batches.append((0x1000 + rng.randrange(0, 1 << 16) * 8 + rng.choice([0, 3]), c))  # also unaligned
+    bf = [rng.random() < p_bf for _ in batches]
+    batches = [(a, 1 if b else c) for (a, c), b in zip(batches, bf)]
+    wqes = []
     for a, c in batches:
         for k in range(c):
             f = dict(opcode=rng.randrange(7), flags=rng.randrange(8), imm=rng.getrandbits(32),
@@ -30,21 +34,25 @@ def run(W, seed, n=12, bp=0.3, depth=4, fail=None):
                      remote_addr=rng.getrandbits(64), rkey=rng.getrandbits(32),
                      compare_add=rng.getrandbits(64), swap=rng.getrandbits(64))
             mem.write(a + 64 * k, formats.pack(formats.WQE, **f))
+            wqes.append(f)
             expect.append(f)
     got = []
     dma = PortMemorySim(W, mem=mem, seed=seed, lat=(1, 8), p_ready=1 - bp, p_gap=bp, fail=fail)
 
     async def requester(ctx):
-        for a, c in batches:
+        k = 0
+        for (a, c), b in zip(batches, bf):
             while rng.random() < bp:
                 await ctx.tick()
-            ctx.set(dut.req.payload, {"addr": a, "count": c})
+            ctx.set(dut.req.payload, {"addr": a, "count": c, "bf": b,
+                                      "wqe": wqes[k] if b else {}})
+            k += c
             ctx.set(dut.req.valid, 1)
             await tick_until(ctx, dut.req.ready)
             ctx.set(dut.req.valid, 0)
 
     async def consumer(ctx):
-        while len(got) < n:
+        while len(got) < len(expect):
             ctx.set(dut.wqe.ready, rng.random() > bp)
             _, _, v, r, p = await ctx.tick().sample(dut.wqe.valid, dut.wqe.ready,
                                                     dut.wqe.payload)
@@ -61,7 +69,7 @@ def run(W, seed, n=12, bp=0.3, depth=4, fail=None):
     sim.add_testbench(consumer)
     sim.run()
     reqs = [(a, ln, t) for _, a, ln, t in dma.reads]
-    assert reqs == [(a, 64 * c, 0) for a, c in batches]
+    assert reqs == [(a, 64 * c, 0) for (a, c), b in zip(batches, bf) if not b]
     return batches, got, expect
 
 
@@ -69,6 +77,14 @@ def run(W, seed, n=12, bp=0.3, depth=4, fail=None):
                                         (8, 0.6, 2)])
 def test_fetch(W, bp, depth):
     _, got, expect = run(W, seed=W + depth, bp=bp, depth=depth, n=20)
+    assert got == [(f, 0) for f in expect]
+
+
+@pytest.mark.parametrize("W,bp", [(8, 0.0), (16, 0.4), (64, 0.3)])
+def test_blueflame_wqes_keep_request_order(W, bp):
+    """BlueFlame WQEs (no DMA read) and fetched ones, mixed: they come out in request order
+    although the fetched ones wait for the DMA latency."""
+    _, got, expect = run(W, seed=3 * W, bp=bp, depth=4, n=40, p_bf=0.5)
     assert got == [(f, 0) for f in expect]
 
 
