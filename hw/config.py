@@ -125,6 +125,9 @@ class HostConfig:
     rtl_mem_base   byte address of the RTL host's memory window (a multiple of its size).
     reorder        Python host only: probability that a read's completions are sent after
                    the next read's (seeded completion reordering); 0 keeps arrival order.
+    blueflame      the driver posts a single work request by BlueFlame (the WQE in one
+                   64-byte MMIO write that is also the doorbell; as mlx5 with
+                   MLX5_PREFER_BF or an inline WQE), else by an 8-byte doorbell only.
     """
 
     kind: str = "python"
@@ -136,6 +139,7 @@ class HostConfig:
     rtl_mem_bytes: int = 1 << 22
     rtl_mem_base: int = 0x1000_0000
     reorder: float = 0.0
+    blueflame: bool = True
 
     def __post_init__(self):
         if self.kind not in HOST_KINDS:
@@ -151,6 +155,8 @@ class HostConfig:
             raise ValueError(f"rtl_mem_base must be a non-negative multiple of rtl_mem_bytes "
                              f"({self.rtl_mem_bytes}), not {self.rtl_mem_base!r}")
         _check_float("reorder", self.reorder, 0.0, 0.99)
+        if not isinstance(self.blueflame, bool):
+            raise ValueError(f"blueflame must be True or False, not {self.blueflame!r}")
 
     @property
     def dma_read_ns(self):

@@ -46,16 +46,14 @@ from amaranth.lib.wiring import In, Out
 
 from .config import NicConfig
 from .context import DB_INDEX_BITS
+from .bf_buffer import SQ_BF
 from .formats import DOORBELL, WQE
 from .mmio import BF_WRITE
 from .interfaces import MmioSignature, Lookup, DoorbellEvent
 from .regmap import BLUEFLAME_BASE, Reg, DOORBELL_BASE
 from amaranth.utils import ceil_log2
 
-__all__ = ["Doorbells", "CQ_DB_LAYOUT", "SQ_BF"]
-
-#: A WQE that arrived by BlueFlame, for the requester.
-SQ_BF = data.StructLayout({"qpn": 24, "wqe": WQE})
+__all__ = ["Doorbells", "CQ_DB_LAYOUT"]
 
 CQ_DB_LAYOUT = data.StructLayout({"cqn": 16, "ci": 16})
 FIFO_DEPTH = 16
@@ -71,7 +69,7 @@ class Doorbells(wiring.Component):
         super().__init__({
             "bus": In(MmioSignature()),
             "bf": In(stream.Signature(BF_WRITE)),
-            "sq_bf": Out(stream.Signature(SQ_BF)),
+            "sq_bf": Out(stream.Signature(SQ_BF, always_ready=True)),
             "bind": Out(Lookup(self.qpn_bits, DB_INDEX_BITS)),
             "sq_db": Out(DoorbellEvent()),
             "rq_db": Out(DoorbellEvent()),

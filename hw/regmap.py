@@ -119,7 +119,7 @@ class Counter(enum.IntEnum):
     DOORBELL_REJECTS = 18  # doorbell rings for a QP not bound to that register, and send
                            # doorbells beyond the ring (overflow: the QP goes to ERR)
     CQES = 19
-    WQE_FETCHES = 20
+    WQE_FETCHES = 20       # WQEs taken for sending: read by DMA or from BlueFlame
     RESP_QUEUE_FULL = 21   # cycles the responder waited for room in its response queue
     DUPLICATES = 22        # duplicate request packets answered without a second effect
     SEQ_DROPS = 23         # out-of-sequence requests dropped silently (NAK already sent)

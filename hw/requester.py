@@ -132,7 +132,7 @@ QP's READ/atomic requests have completed.
 """
 
 from amaranth import *
-from amaranth.lib import data, memory, wiring
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
@@ -147,6 +147,7 @@ from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
 from .scheduler import Scheduler
 from .wqe_fetch import WqeFetch
+from .bf_buffer import BlueFlameBuffer, SQ_BF
 
 __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH"]
 
@@ -154,6 +155,8 @@ __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH"]
 WQE_BATCH = 4
 #: Request packets queued between the send engine and the packet emitter.
 DESC_DEPTH = 8
+#: WQEs written by BlueFlame kept until they are sent (hw/bf_buffer.py).
+BF_ENTRIES = 4
 
 #: One outstanding message of a QP (``status`` non-zero: failed locally or NAKed).
 TRACKER_ENTRY = data.StructLayout({
@@ -171,7 +174,7 @@ TRACKER_ENTRY = data.StructLayout({
 STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
          "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject",
          "stat_timeout", "stat_retransmit", "stat_rnr_rx", "stat_retry_exc", "stat_resp_drop",
-         "stat_dma_err"]
+         "stat_dma_err", "stat_bf_hit"]
 
 
 def psn_le(a, b):
@@ -204,9 +207,11 @@ class Requester(wiring.Component):
             "rx": In(PacketOut(W)),
             "set_err": Out(QpErrRequest()),
             "cqe": Out(CqeRequest()),
+            "bf": In(stream.Signature(SQ_BF, always_ready=True)),
         }
         for s in STATS:
             ports[s] = Out(1)
+        ports["stat_bf_miss"] = Out(range(BF_ENTRIES + 1))
         super().__init__(ports)
 
     def elaborate(self, platform):
@@ -741,26 +746,46 @@ class Requester(wiring.Component):
         done = Signal()             # the batch of cur is done (its QP may be fetched again)
         n_fl = Signal(range(KF + 1))    # batches fetched and not yet done
         m.d.sync += n_fl.eq(n_fl + issue - done)
+        # BlueFlame: the granted QP's next WQE may be here already (one WQE, no DMA read)
+        gq = sched.grant.payload.qpn
+        m.submodules.bf = bfb = BlueFlameBuffer(max(1, self.qpn_bits), BF_ENTRIES)
+        wiring.connect(m, wiring.flipped(self.bf), bfb.i)
+        m.d.comb += [bfb.qpn.eq(gq), bfb.index.eq(fi[gq]),
+                     self.stat_bf_hit.eq(bfb.stat_hit), self.stat_bf_miss.eq(bfb.stat_miss)]
+        g_cnt = Signal(range(K + 1))
         m.d.comb += [
-            fsel.eq(Mux(fetching, cur, sched.grant.payload.qpn)),
-            fq.w_data.eq(Cat(sched.grant.payload.qpn, n_batch)),
+            fsel.eq(Mux(fetching, cur, gq)),
+            g_cnt.eq(Mux(bfb.hit, 1, n_batch)),
+            fq.w_data.eq(Cat(gq, g_cnt)),
         ]
         pend_v = Signal()
         pend_addr = Signal(64)
         pend_cnt = Signal(3)
+        pend_bf = Signal()
+        pend_wqe = Signal(formats.WQE)
         m.d.comb += [
             fetch.req.valid.eq(pend_v | fetching),
             fetch.req.payload.addr.eq(Mux(fetching, f_addr, pend_addr)),
             fetch.req.payload.count.eq(Mux(fetching, n_batch, pend_cnt)),
+            fetch.req.payload.bf.eq(~fetching & pend_bf),
+            fetch.req.payload.wqe.eq(pend_wqe),
         ]
         with m.If(pend_v & fetch.req.ready):
             m.d.sync += pend_v.eq(0)
         with m.If(~pend_v & ~fetching & lk_free & ~fl_any & ~flushing & ~ev_any & (n_fl != KF)
                   & sched.grant.valid):
-            m.d.comb += [self.qp.index.eq(sched.grant.payload.qpn), issue.eq(1),
+            m.d.comb += [self.qp.index.eq(gq), issue.eq(1),
                          sched.grant.ready.eq(1), fq.w_en.eq(1)]
-            m.d.sync += [inflight[sched.grant.payload.qpn].eq(1), pend_v.eq(1),
-                         pend_addr.eq(f_addr), pend_cnt.eq(n_batch)]
+            m.d.sync += [inflight[gq].eq(1), pend_v.eq(1),
+                         pend_addr.eq(f_addr), pend_cnt.eq(g_cnt), pend_bf.eq(bfb.hit),
+                         pend_wqe.eq(bfb.wqe)]
+            with m.If(bfb.hit):
+                m.d.comb += bfb.take.eq(1)
+            with m.Else():
+                # the batch is read by DMA: copies of its WQEs (or older ones) are useless
+                m.d.comb += [bfb.inval.valid.eq(1), bfb.inval.payload.qpn.eq(gq),
+                             bfb.inval.payload.first.eq(fi[gq]),
+                             bfb.inval.payload.count.eq(n_batch)]
         fq_q = Signal(self.qpn_bits)
         fq_n = Signal(3)
         m.d.comb += Cat(fq_q, fq_n).eq(fq.r_data)
@@ -795,7 +820,9 @@ class Requester(wiring.Component):
                         m.d.comb += ev_clear.eq(1)
                         with m.If(ev_reset[ev_sel]):
                             m.d.comb += [ev_rst_rd.eq(1), gate.forget.eq(1),
-                                         gate.forget_key.eq(ev_sel)]
+                                         gate.forget_key.eq(ev_sel),
+                                         bfb.inval.valid.eq(1), bfb.inval.payload.qpn.eq(ev_sel),
+                                         bfb.inval.payload.all.eq(1)]
                             m.d.sync += [
                                 pi[ev_sel].eq(0), fi[ev_sel].eq(0), ci[ev_sel].eq(0),
                                 head[ev_sel].eq(0), tail[ev_sel].eq(0),

@@ -127,8 +127,9 @@ class Rnic(wiring.Component):
         for b in buses:
             rdata = rdata | b.rdata
         m.d.comb += [bus.rdata.eq(rdata), bus.rvalid.eq(context.bus.rvalid)]
-        # BlueFlame writes are not used yet: taken and dropped (counted)
-        m.d.comb += front.bf.ready.eq(1)
+        # BlueFlame writes ring the doorbell and hand their WQE to the requester
+        wiring.connect(m, front.bf, doorbells.bf)
+        wiring.connect(m, doorbells.sq_bf, req.bf)
 
         node_id = context.node_id
         m.d.comb += [req.node_id.eq(node_id), resp.node_id.eq(node_id), demux.node_id.eq(node_id)]
@@ -211,6 +212,8 @@ class Rnic(wiring.Component):
             Counter.MMIO_WRITES: front.stat_write,
             Counter.MMIO_WRITE_BYTES: Mux(front.stat_write, front.stat_write_len + cfg.tlp_overhead, 0),
             Counter.MMIO_READS: front.stat_read,
+            Counter.BLUEFLAME_WQES: req.stat_bf_hit,
+            Counter.BLUEFLAME_MISSES: req.stat_bf_miss,
             Counter.DMA_ERRORS: req.stat_dma_err + resp.stat_dma_err,
             Counter.CQE_DROPS: comp.stat_overflow,
             Counter.ASYNC_EVENTS: events.stat_event,

@@ -62,7 +62,8 @@ class Host:
         self._cq_pages, self._cq_known = set(), 0
         self.dma.on_write = self._on_write
         self.ctx = verbs.Context(self.mmio, self.mem, cfg.nic, node_id,
-                                 doorbell_policy=doorbell_policy, host_base=base, host_size=size)
+                                 doorbell_policy=doorbell_policy, host_base=base, host_size=size,
+                                 blueflame=cfg.host.blueflame)
 
     async def write_mem(self, addr, data):
         """Write host memory as the host CPU (both kinds)."""

@@ -23,8 +23,11 @@ What the driver does, in the order the hardware sees it:
   ``SET_QP`` + ``BIND_DB`` for queue pairs and ``MODIFY_QP`` for the state machine of
   IBA 10.3.1 (RESET -> INIT -> RTR -> RTS, any -> ERR / RESET);
 * send work requests (IBA 10.8, 11.4.1) as :data:`~hw.formats.WQE` entries in a host ring
-  of ``sq_depth`` slots, then one 64-bit :data:`~hw.formats.DOORBELL` write with the new free
-  running producer index at ``DOORBELL_BASE + 8 * register``;
+  of ``sq_depth`` slots (each names its slot, ``index``, and its QP), then one 64-bit
+  :data:`~hw.formats.DOORBELL` write with the new free running producer index at
+  ``DOORBELL_BASE + 8 * register``; or, for a single work request with ``blueflame`` on,
+  the WQE once more in a 64-byte write to ``BLUEFLAME_BASE + 64 * register`` (mlx5's
+  BlueFlame: the NIC has the WQE without reading it, and the write is the doorbell);
 * receive work requests as :data:`~hw.formats.RECV_WQE` entries, then ``RQ_DB``;
 * completions (IBA 11.6, ``ibv_poll_cq``) read from a host ring of :data:`~hw.formats.CQE`
   entries; an entry is new when its owner bit equals the pass over the ring (first pass 1);
@@ -55,8 +58,9 @@ from hw.config import NicConfig
 from hw.formats import (Access, QpState, WcOpcode, WcStatus, WrOpcode, CQE, CQE_BYTES,
                         CQE_FLAG_IMM, CQE_FLAG_OWNER, DOORBELL, MR_ENTRY, RECV_WQE,
                         RECV_WQE_BYTES, WQE, WQE_BYTES)
-from hw.regmap import (ARG_BASE, ARG_WORDS, CQ_CTX, DOORBELL_BASE, COUNTER_BASE, ID_VALUE,
-                       LEGAL_TRANSITIONS, QP_CTX, Cmd, CmdStatus, Counter, Reg)
+from hw.regmap import (ARG_BASE, ARG_WORDS, BLUEFLAME_BASE, BLUEFLAME_BYTES, CQ_CTX,
+                       DOORBELL_BASE, COUNTER_BASE, ID_VALUE, LEGAL_TRANSITIONS, QP_CTX, Cmd,
+                       CmdStatus, Counter, Reg)
 
 __all__ = [
     "Memory", "Mmio", "SendFlags", "SGE", "SendWR", "RecvWR", "WC", "VerbsError",
@@ -90,6 +94,13 @@ class Mmio(Protocol):
     async def write(self, addr: int, value: int) -> None: ...
 
     async def read(self, addr: int) -> int: ...
+
+
+@runtime_checkable
+class BlueFlameMmio(Mmio, Protocol):
+    """A register bus that also takes 64-byte write-combined writes (BlueFlame)."""
+
+    async def write_bf(self, addr: int, data: bytes) -> None: ...
 
 
 async def _maybe_await(value):
@@ -176,10 +187,11 @@ class SendWR:
     def signaled(self):
         return bool(self.send_flags & SendFlags.SIGNALED)
 
-    def wqe_bytes(self):
-        """The 64-byte :data:`~hw.formats.WQE` of this request."""
+    def wqe_bytes(self, index=0, qpn=0):
+        """The 64-byte :data:`~hw.formats.WQE` of this request, in slot ``index`` (free
+        running, 16 bits) of the send queue of QP ``qpn``."""
         return formats.pack(
-            WQE, opcode=int(getattr(self.opcode, "value", self.opcode)),
+            WQE, opcode=int(getattr(self.opcode, "value", self.opcode)), index=index, qpn=qpn,
             flags=int(self.send_flags), imm=self.imm, wr_id=self.wr_id,
             local_addr=self.sg.addr, length=self.sg.length, lkey=self.sg.lkey,
             remote_addr=self.remote_addr, rkey=self.rkey,
@@ -379,6 +391,10 @@ class QueuePair:
     def doorbell_addr(self):
         return DOORBELL_BASE + 8 * self.db_reg
 
+    @property
+    def blueflame_addr(self):
+        return BLUEFLAME_BASE + BLUEFLAME_BYTES * self.db_reg
+
     def qp_ctx_bytes(self):
         """The :data:`~hw.regmap.QP_CTX` this QP is programmed with."""
         return formats.pack(
@@ -453,11 +469,17 @@ class QueuePair:
         if self.sq_pi - self.sq_ci + len(wrs) > self.sq_depth and not allow_overflow:
             raise VerbsError(f"QP {self.qpn}: send queue full ({self.sq_pi - self.sq_ci} of "
                              f"{self.sq_depth} outstanding, {len(wrs)} more posted)", ENOMEM)
+        raw = b""
         for wr in wrs:
             addr = self.sq_base + (self.sq_pi % self.sq_depth) * WQE_BYTES
-            await _maybe_await(self.ctx.mem.write(addr, wr.wqe_bytes()))
+            raw = wr.wqe_bytes(index=self.sq_pi & 0xFFFF, qpn=self.qpn)
+            await _maybe_await(self.ctx.mem.write(addr, raw))
             self._sq_outstanding.append((wr.wr_id, wr.signaled))
             self.sq_pi += 1
+        if len(wrs) == 1 and self.ctx.blueflame:
+            # the WQE again, into the QP's BlueFlame register: that write is the doorbell
+            await _maybe_await(self.ctx.mmio.write_bf(self.blueflame_addr, raw))
+            return
         word = int.from_bytes(formats.pack(DOORBELL, qpn=self.qpn, pi=self.sq_pi & 0xFFFF),
                               "little")
         await self.ctx.mmio_write(self.doorbell_addr, word)
@@ -509,6 +531,8 @@ class Context:
 
     ``host_base``/``host_size`` bound a bump allocator (:meth:`alloc`) for queues and
     buffers. ``doorbell_policy`` is ``'mlx5'`` or ``'per_thread'`` (see the module doc).
+    ``blueflame``: post a single send work request by BlueFlame (the ``mmio`` must be a
+    :class:`BlueFlameMmio`).
     Call ``await ctx.open()`` once before anything else (it checks ``ID`` and writes
     ``NODE_ID``).
     """
@@ -517,7 +541,7 @@ class Context:
 
     def __init__(self, mmio, mem, nic_cfg=None, node_id=0, *, host_base=0x1000_0000,
                  host_size=1 << 24, doorbell_policy="mlx5", dedicated_doorbells=4,
-                 first_qpn=FIRST_QPN):
+                 first_qpn=FIRST_QPN, blueflame=False):
         nic_cfg = NicConfig() if nic_cfg is None else nic_cfg
         if not isinstance(nic_cfg, NicConfig):
             raise ValueError(f"nic_cfg must be a NicConfig, not {type(nic_cfg).__name__}")
@@ -529,6 +553,11 @@ class Context:
                              f"not {doorbell_policy!r}")
         _check_int("dedicated_doorbells", dedicated_doorbells, 0, 512)
         _check_int("first_qpn", first_qpn, 0, nic_cfg.n_qps - 1)
+        if not isinstance(blueflame, bool):
+            raise ValueError(f"blueflame must be True or False, not {blueflame!r}")
+        if blueflame and not callable(getattr(mmio, "write_bf", None)):
+            raise ValueError("blueflame=True needs an MMIO driver with write_bf (BlueFlameMmio)")
+        self.blueflame = blueflame
         self.first_qpn = first_qpn
         self.mmio = mmio
         self.mem = mem

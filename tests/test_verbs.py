@@ -11,7 +11,7 @@ import pytest
 
 from hw.config import NicConfig
 from hw.formats import Access, QpState, WcOpcode, WcStatus, WrOpcode
-from hw.regmap import ARG_BASE, DOORBELL_BASE, ID_VALUE, Cmd, CmdStatus, Reg
+from hw.regmap import ARG_BASE, BLUEFLAME_BASE, DOORBELL_BASE, ID_VALUE, Cmd, CmdStatus, Reg
 from sim.verbs import (ENOMEM, CommandError, Context, Memory, Mmio, RecvWR, SendFlags, SendWR,
                        VerbsError, WC, connect)
 
@@ -390,12 +390,13 @@ async def _connected(ctx, sq_depth=4, rq_depth=4, **kw):
     return qps
 
 
-def expected_wqe(opcode, flags, imm, wr_id, laddr, length, lkey, raddr, rkey, cmp_add, swap):
-    # WQE bytes: opcode 0, flags 1, rsvd 2-3, imm 4-7, wr_id 8-15, local_addr 16-23,
-    # length 24-27, lkey 28-31, remote_addr 32-39, rkey 40-43, rsvd 44-47, compare_add 48-55,
-    # swap 56-63; all little-endian
-    return struct.pack("<BBHIQQIIQIIQQ", opcode, flags, 0, imm, wr_id, laddr, length, lkey,
-                       raddr, rkey, 0, cmp_add, swap)
+def expected_wqe(opcode, flags, imm, wr_id, laddr, length, lkey, raddr, rkey, cmp_add, swap,
+                 index=0, qpn=0):
+    # WQE bytes: opcode 0, flags 1, index 2-3, imm 4-7, wr_id 8-15, local_addr 16-23,
+    # length 24-27, lkey 28-31, remote_addr 32-39, rkey 40-43, qpn 44-46, rsvd 47,
+    # compare_add 48-55, swap 56-63; all little-endian
+    return struct.pack("<BBHIQQIIQIIQQ", opcode, flags, index, imm, wr_id, laddr, length, lkey,
+                       raddr, rkey, qpn, cmp_add, swap)
 
 
 def test_post_send_wqe_bytes_and_doorbell():
@@ -413,12 +414,41 @@ def test_post_send_wqe_bytes_and_doorbell():
                                                     0x0102, 0x7766554433221100, 0x0305,
                                                     0xFEDCBA9876543210, 0x0F0E0D0C0B0A0908)
     assert mem.read(qa.sq_base + 64, 64) == expected_wqe(3, 4, 0xCAFEBABE, 2, 0x5000, 100, 7,
-                                                         0, 0, 0, 0)
+                                                         0, 0, 0, 0, index=1, qpn=qa.qpn)
     # one doorbell for the batch: QPN in bits 23:0, producer index in bits 47:32
     assert mmio.log == [("w", DOORBELL_BASE + 8 * qa.db_reg, 0 | 2 << 32)]
     run(qa.post_send(SendWR(wr_id=3, opcode=WrOpcode.RDMA_WRITE)))
     assert mmio.log[-1] == ("w", DOORBELL_BASE + 8 * qa.db_reg, 3 << 32)
-    assert mem.read(qa.sq_base + 128, 2) == bytes([0, 1])      # RDMA_WRITE, signaled
+    assert mem.read(qa.sq_base + 128, 4) == bytes([0, 1, 2, 0])  # RDMA_WRITE, signaled, slot 2
+
+
+class FakeBfMmio(FakeMmio):
+    def write_bf(self, addr, data):
+        self.log.append(("bf", addr, bytes(data)))
+
+
+def test_post_send_blueflame():
+    """With blueflame on, a single WR goes out as one 64-byte write of its WQE to the QP's
+    BlueFlame register (no 8-byte doorbell); a batch still rings the 8-byte doorbell."""
+    cfg = NicConfig(n_qps=8, n_cqs=4, n_mrs=4, n_doorbells=16)
+    mmio, mem = FakeBfMmio(), FakeMemory()
+    ctx = Context(mmio, mem, cfg, node_id=3, host_base=0x10_0000, host_size=1 << 20,
+                  first_qpn=2, blueflame=True)
+    qa, qb = run(_connected(ctx))
+    mmio.clear()
+    run(qa.post_send(SendWR(wr_id=9, opcode=WrOpcode.RDMA_WRITE, sg=(0x5000, 8, 7),
+                            remote_addr=0x100, rkey=5)))
+    wqe = mem.read(qa.sq_base, 64)
+    assert wqe == expected_wqe(0, 1, 0, 9, 0x5000, 8, 7, 0x100, 5, 0, 0, index=0, qpn=qa.qpn)
+    assert mmio.log == [("bf", BLUEFLAME_BASE + 64 * qa.db_reg, wqe)]
+    mmio.clear()
+    run(qa.post_send([SendWR(wr_id=10, opcode=WrOpcode.RDMA_WRITE),
+                      SendWR(wr_id=11, opcode=WrOpcode.RDMA_WRITE)]))
+    assert mmio.log == [("w", DOORBELL_BASE + 8 * qa.db_reg, qa.qpn | 3 << 32)]
+    with pytest.raises(ValueError, match=r"blueflame=True needs an MMIO driver with write_bf"):
+        Context(FakeMmio(), mem, cfg, blueflame=True)
+    with pytest.raises(ValueError, match=r"blueflame must be True or False, not 1"):
+        Context(mmio, mem, cfg, blueflame=1)
 
 
 def test_post_send_ring_wrap_overflow_and_reclaim():

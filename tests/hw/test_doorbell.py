@@ -198,3 +198,48 @@ def test_counters():
     sim.run()
     with pytest.raises(ValueError, match=r"n must be an integer in \[1, 256\], not 0"):
         Counters(0)
+
+
+def test_blueflame_write_rings_and_hands_over_the_wqe():
+    """A 64-byte BlueFlame write to register r is a ring of the QP the WQE names with
+    pi = index + 1 (checked like an 8-byte ring); a good one also gives its WQE on sq_bf."""
+    from hw import formats
+    from hw.regmap import BLUEFLAME_BASE
+    dut = Doorbells(CFG)
+    binding = {0: 0, 5: 2}
+
+    def bf(ctx, reg, qpn, index, wr_id):
+        w = int.from_bytes(formats.pack(formats.WQE, opcode=0, index=index, qpn=qpn,
+                                        wr_id=wr_id), "little")
+        ctx.set(dut.bf.payload, {"addr": BLUEFLAME_BASE + 64 * reg, "data": w})
+        ctx.set(dut.bf.valid, 1)
+        ctx.set(dut.bind.data, binding.get(qpn, 3))
+
+    async def tb(ctx):
+        ctx.set(dut.sq_db.ready, 0)
+        assert ctx.get(dut.bf.ready)
+        handed = []
+        for reg, qpn, index, good in ((0, 0, 0, True), (2, 5, 41, True), (1, 5, 42, False),
+                                      (CFG.n_doorbells, 0, 1, False), (2, CFG.n_qps, 0, False)):
+            bf(ctx, reg, qpn, index, 1000 + index)
+            assert ctx.get(dut.bind.index) == qpn % CFG.n_qps
+            assert ctx.get(dut.stat_ring) == good and ctx.get(dut.stat_reject) == (not good)
+            assert ctx.get(dut.sq_bf.valid) == good
+            if good:
+                p = ctx.get(dut.sq_bf.payload)
+                handed.append((p.qpn, p.wqe.index, p.wqe.wr_id))
+            await ctx.tick()
+        ctx.set(dut.bf.valid, 0)
+        assert handed == [(0, 0, 1000), (5, 41, 1041)]
+        ctx.set(dut.sq_db.ready, 1)
+        got = []
+        while ctx.get(dut.sq_db.valid):
+            p = ctx.get(dut.sq_db.payload)
+            got.append((p.qpn, p.pi))
+            await ctx.tick()
+        assert got == [(0, 1), (5, 42)]
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()

@@ -145,12 +145,16 @@ class World:
             w["wr_id"] = self.rng.getrandbits(64)
         idx = len(self.posted[q])
         addr = ctx["sq_base"] + (idx % (1 << ctx["sq_log_size"])) * 64
+        w["index"], w["qpn"] = idx % 65536, q
         self.fill(self.host, addr, formats.pack(formats.WQE, **w))
         self.posted[q].append(w)
         return idx + 1
 
-    def ring(self, q, pi=None):
-        self.db_q.append((q, len(self.posted[q]) % 65536 if pi is None else pi))
+    def ring(self, q, pi=None, bf=False):
+        """Ring the doorbell of ``q``; ``bf``: by BlueFlame (the last posted WQE goes with
+        it, as the doorbell block hands it over: the WQE one cycle, the ring the next)."""
+        self.db_q.append((q, len(self.posted[q]) % 65536 if pi is None else pi,
+                          self.posted[q][-1] if bf else None))
 
 
 def seg_opcodes(op, n):
@@ -213,6 +217,7 @@ def run(world, script, max_cycles=20000):
     rng = world.rng
     bp = world.bp
     from hw.requester import STATS as stat_names
+    stat_names = stat_names + ["stat_bf_miss"]
     world.stats = {s: 0 for s in stat_names}
     remote_qpn = {world.qps[q]["dest_qpn"]: q for q in world.qps}
 
@@ -449,7 +454,12 @@ def run(world, script, max_cycles=20000):
             if not world.db_q:
                 await ctx.tick()
                 continue
-            q, pi = world.db_q.popleft()
+            q, pi, bfw = world.db_q.popleft()
+            if bfw is not None:
+                ctx.set(dut.bf.payload, {"qpn": q, "wqe": bfw})
+                ctx.set(dut.bf.valid, 1)
+                await ctx.tick()
+                ctx.set(dut.bf.valid, 0)
             ctx.set(dut.db.payload, {"qpn": q, "pi": pi})
             ctx.set(dut.db.valid, 1)
             await ctx.tick().until(dut.db.ready)
@@ -500,12 +510,14 @@ def wqe_slots_read(world):
 def check_wqe_reads(world, n_posted):
     """Every posted WQE read at least once, reads inside the rings, one stat pulse per WQE read."""
     slots = wqe_slots_read(world)
-    assert world.stats["stat_wqe_fetch"] == len(slots)
+    hits = world.stats["stat_bf_hit"]
+    assert world.stats["stat_wqe_fetch"] == len(slots) + hits
     for q, n in n_posted.items():
         ctx = world.qps[q]
         size = 1 << ctx["sq_log_size"]
         ring = [a for a in slots if ctx["sq_base"] <= a < ctx["sq_base"] + 64 * size]
-        assert {ctx["sq_base"] + 64 * (i % size) for i in range(n)} <= set(ring)
+        if hits == 0:
+            assert {ctx["sq_base"] + 64 * (i % size) for i in range(n)} <= set(ring)
     for a, ln in world.wqe_reads:   # a batch never wraps around the ring
         q = [q for q in world.qps if world.qps[q]["sq_base"] <= a < world.qps[q]["sq_base"] + (64 << world.qps[q]["sq_log_size"])][0]
         assert a + ln <= world.qps[q]["sq_base"] + (64 << world.qps[q]["sq_log_size"])
@@ -570,7 +582,8 @@ def setup_memory(world, rng):
 # tests
 
 
-def mixed(seed, bp, n=12, qs=(0, 1, 2), psn0=0, cfg=CFG):
+def mixed(seed, bp, n=12, qs=(0, 1, 2), psn0=0, cfg=CFG, bf_p=0.0):
+    """``bf_p``: probability that a WQE is posted alone and rung by BlueFlame."""
     world = World(cfg, seed, bp=bp, ack_skip=0.5)
     rng = random.Random(seed)
     setup_memory(world, rng)
@@ -594,7 +607,9 @@ def mixed(seed, bp, n=12, qs=(0, 1, 2), psn0=0, cfg=CFG):
         for q in qs:
             for k, w in enumerate(plan[q]):
                 world.post(q, w)
-                if k % 5 == 4 or k == len(plan[q]) - 1:
+                if rng.random() < bf_p:
+                    world.ring(q, bf=True)
+                elif k % 5 == 4 or k == len(plan[q]) - 1:
                     world.ring(q)
         need = sum(sum(1 for w in plan[q] if w["flags"] & SIG) for q in qs)
         await wait(lambda: len(world.cqes) >= need)
@@ -1355,3 +1370,70 @@ def test_read_data_write_failure(signaled):
     t_cqe = [c["t"] for c in world.cqes if c["status"]][0]
     t_data = max(t for t, m in world.rx_log if m["opcode"] == B.READ_RESPONSE_ONLY.value)
     assert t_cqe >= t_data + world.wr_lat
+
+
+# ---------------------------------------------------------------------------------------
+# BlueFlame (hw/bf_buffer.py): WQEs handed over with their doorbell
+
+
+def test_blueflame_posts_need_no_wqe_fetch():
+    """One WR at a time by BlueFlame, each after the previous completed: every WQE is sent
+    from its BlueFlame copy, none is read from the send queue."""
+    world = World(CFG, 40, bp=0.2)
+    rng = random.Random(40)
+    setup_memory(world, rng)
+    ws = random_wqes(world, rng, 8, 0, ops=[O.RDMA_WRITE, O.SEND, O.RDMA_READ, O.ATOMIC_FETCH_AND_ADD],
+                     flags_p=1.0)
+    world.final_psn[0] = None
+
+    async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.RTS.value, 0)
+        for k, w in enumerate(ws):
+            world.post(0, w)
+            world.ring(0, bf=True)
+            await wait(lambda: len(world.cqes) >= k + 1)
+        for _ in range(50):
+            await ctx.tick()
+
+    run(world, script)
+    check_success(world, 0, ws)
+    assert world.wqe_reads == []
+    assert world.stats["stat_bf_hit"] == 8 and world.stats["stat_bf_miss"] == 0
+
+
+def test_blueflame_copies_dropped_when_behind():
+    """Six BlueFlame writes before the QP can send: the four entries keep the copies of
+    WQEs 2..5 (0 and 1 replaced: 2 misses); WQE 0 is fetched by DMA in a batch of four,
+    which drops the copies of 2 and 3 (2 more misses); 4 and 5 are sent from their copies."""
+    world = World(CFG, 41, bp=0.0)
+    rng = random.Random(41)
+    setup_memory(world, rng)
+    ws = [wqe(O.RDMA_WRITE, 8, SIG, local=GOOD["base"] + 8 * i, remote=0x800000 + 8 * i)
+          for i in range(6)]
+    world.final_psn[0] = 5
+
+    async def script(ctx, world, event, wait):
+        for w in ws:
+            world.post(0, w)
+            world.ring(0, bf=True)
+        await wait(lambda: not world.db_q)
+        for _ in range(10):
+            await ctx.tick()
+        await event(0, formats.QpState.RTS.value, 0)
+        await wait(lambda: len(world.cqes) >= 6)
+        for _ in range(50):
+            await ctx.tick()
+
+    run(world, script)
+    check_success(world, 0, ws)
+    assert world.wqe_reads == [(world.qps[0]["sq_base"], 4 * 64)]
+    assert world.stats["stat_bf_hit"] == 2 and world.stats["stat_bf_miss"] == 4
+
+
+@pytest.mark.parametrize("seed,bp", [(42, 0.0), (43, 0.4)])
+def test_blueflame_mixed(seed, bp):
+    """Several QPs, WQEs rung by BlueFlame or by batched doorbells at random: everything is
+    sent once and right, and the BlueFlame copies spare some WQE reads."""
+    world = mixed(seed, bp, bf_p=0.5)
+    assert world.stats["stat_bf_hit"] > 0
+    assert len(wqe_slots_read(world)) + world.stats["stat_bf_hit"] >= 36
