@@ -1,3 +1,5 @@
+# amaranth: UnusedElaboratable=no
+# (the host_if top reads the ring sizes of an Rnic it never elaborates)
 """FPGA resource estimate: synthesize an RNIC block for a Lattice ECP5 with Yosys.
 
 Not a model of any part of the InfiniBand Architecture Specification; this script checks
@@ -30,6 +32,9 @@ import time
 from pathlib import Path
 
 from amaranth.back import rtlil
+from amaranth.hdl import Const, Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 
 from hw.config import PRESETS, preset
 
@@ -43,9 +48,40 @@ def _link(cfg):
     return Link(**link_params(cfg))
 
 
-def _dma_arbiter(cfg):
-    from hw.dma_arbiter import DmaArbiter
-    return DmaArbiter(cfg.nic.data_bytes, n_read=4, n_write=3)
+class _FlatPorts(wiring.Component):
+    """``inner`` with every port signal at the top level (``rd__0__req__valid``, ...) but its
+    constant ones (the ``ready`` of an ``always_ready`` stream), which cannot be the ports of
+    a top-level module."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.members = [(path, member, value) for path, member, value
+                        in inner.signature.flatten(inner) if not isinstance(value, Const)]
+        super().__init__({"__".join(map(str, path)): (In if member.flow == In else Out)(member.shape)
+                          for path, member, _ in self.members})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = self.inner
+        for path, member, value in self.members:
+            ours = getattr(self, "__".join(map(str, path)))
+            m.d.comb += (value.eq(ours) if member.flow == In else ours.eq(value))
+        return m
+
+
+def _host_if(cfg):
+    """The NIC's host interface (DMA read and write engines) as hw/rnic.py builds it: the
+    node's 5 read clients with their rings and largest requests, 4 write clients."""
+    from hw.dma.host_if import HostInterface
+    from hw.regmap import DMA_WRITE_CLIENTS
+    from hw.rnic import Rnic
+    nic = cfg.nic
+    node = Rnic(nic)           # not elaborated: only its ring sizes and request limits
+    return _FlatPorts(HostInterface(
+        nic.data_bytes, node.rings, len(DMA_WRITE_CLIENTS), n_tags=nic.dma_tags,
+        max_read_request=nic.max_read_request, max_payload=nic.max_payload,
+        write_outstanding=nic.dma_write_outstanding, tlp_overhead=nic.tlp_overhead,
+        rd_max_len=node.rd_max_len))
 
 
 #: Synthesizable tops: name -> factory(cfg: SystemConfig) -> wiring.Component.
@@ -61,7 +97,7 @@ def _rnic(cfg):
 
 TOPS = {
     "link": _link,
-    "dma_arbiter": _dma_arbiter,
+    "host_if": _host_if,
     "rnic": _rnic,
     "system": _system,
 }

@@ -168,6 +168,7 @@ class Completion(wiring.Component):
                     wr.payload.data.eq(wdata[:8 * beat_bytes]),
                     wr.payload.nbytes.eq(beat_bytes),
                     wr.payload.last.eq(beat == nbeats - 1),
+                    wr.payload.hint.eq(1),          # the host's event line follows CQEs
                 ]
                 with m.If(wr.ready):
                     m.d.sync += [wdata.eq(wdata >> (8 * beat_bytes)), beat.eq(beat + 1)]

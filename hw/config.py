@@ -89,7 +89,9 @@ class NicConfig:
 
 @dataclass(frozen=True)
 class LinkConfig:
-    """A point-to-point link between two NIC ports (cable plus switch, one direction).
+    """A point-to-point link between two NIC ports, one direction: a fixed delay (standing in
+    for cable and switch latency; no switch queueing or congestion is modelled) and a
+    serialisation rate.
 
     latency_ns   propagation plus switching delay, first bit out to first bit in.
     gbps         serialisation rate in Gb/s.
@@ -122,6 +124,8 @@ class HostConfig:
     cpl_bytes      the host answers reads in completions of this size, aligned (a multiple
                    of the 64-byte read completion boundary, at most max_payload).
     rtl_mem_bytes  size of the RTL host's memory (power of two); it starts at rtl_mem_base.
+                   Default 1 MB: Amaranth emits a memory's initial contents word by word,
+                   and converting 4 MB (two nodes) to Verilog took over 8 minutes.
     rtl_mem_base   byte address of the RTL host's memory window (a multiple of its size).
     reorder        Python host only: probability that a read's completions are sent after
                    the next read's (seeded completion reordering); 0 keeps arrival order.
@@ -136,7 +140,7 @@ class HostConfig:
     pcie_gbps: float = 128.0
     mmio_ns: float = 100.0
     cpl_bytes: int = 64
-    rtl_mem_bytes: int = 1 << 22
+    rtl_mem_bytes: int = 1 << 20
     rtl_mem_base: int = 0x1000_0000
     reorder: float = 0.0
     blueflame: bool = True

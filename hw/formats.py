@@ -338,6 +338,8 @@ TLP_DOWN_HDR = data.StructLayout({
     "tag": 8,
     "addr": 64,
     "len": 13,
+    "th": 1,      # an MWr the host signals when it is in memory (the CQE writes: the host's
+                  # event line; in the spirit of PCIe's TLP processing hint, TH)
 })
 
 #: Header of an up TLP. A read's completions come in address order and together carry its

@@ -27,17 +27,14 @@ from amaranth.utils import bits_for
 from . import formats, regmap
 
 __all__ = [
-    "beat_layout", "BeatStream", "DmaReadReq", "dma_read_data_layout", "DmaReadData",
-    "dma_write_layout", "DmaWrite", "DmaReadClient", "MmioSignature", "Lookup",
+    "beat_layout", "BeatStream", "MmioSignature", "Lookup",
     "DoorbellEvent", "QpEvent", "CqeRequest", "PacketOut",
-    "DMA_TAG_BITS", "QP_LOOKUP", "QP_EVENT", "CQ_EVENT", "CqEvent", "QpErrRequest",
+    "QP_LOOKUP", "QP_EVENT", "CQ_EVENT", "CqEvent", "QpErrRequest",
     "DMA_USER_TAG_BITS", "DMA_MAX_LEN", "dma_rd_req_layout", "dma_rd_data_layout", "DmaReadPort",
     "dma_wr_layout", "DMA_WR_DONE", "DmaWritePort", "tlp_down_layout", "tlp_up_layout",
     "TlpDown", "TlpUp", "MMIO_REQ", "MMIO_RDATA", "MmioPort",
     "AsyncEventType", "ASYNC_EVENT", "AsyncEventStream",
 ]
-
-DMA_TAG_BITS = 4
 
 
 def beat_layout(data_bytes):
@@ -50,48 +47,6 @@ def beat_layout(data_bytes):
 
 def BeatStream(data_bytes):
     return stream.Signature(beat_layout(data_bytes))
-
-
-DMA_READ_REQ = data.StructLayout({"addr": 64, "len": 16, "tag": DMA_TAG_BITS})
-
-
-def DmaReadReq():
-    return stream.Signature(DMA_READ_REQ)
-
-
-def dma_read_data_layout(data_bytes):
-    return data.StructLayout({
-        "data": 8 * data_bytes,
-        "nbytes": bits_for(data_bytes),
-        "last": 1,
-        "tag": DMA_TAG_BITS,
-    })
-
-
-def DmaReadData(data_bytes):
-    return stream.Signature(dma_read_data_layout(data_bytes))
-
-
-def dma_write_layout(data_bytes):
-    return data.StructLayout({
-        "addr": 64,
-        "len": 16,
-        "data": 8 * data_bytes,
-        "nbytes": bits_for(data_bytes),
-        "last": 1,
-    })
-
-
-def DmaWrite(data_bytes):
-    return stream.Signature(dma_write_layout(data_bytes))
-
-
-def DmaReadClient(data_bytes):
-    """A DMA read port as seen by a client: requests out, data in."""
-    return wiring.Signature({
-        "req": Out(DmaReadReq()),
-        "resp": In(DmaReadData(data_bytes)),
-    })
 
 
 class MmioSignature(wiring.Signature):
@@ -220,6 +175,7 @@ def dma_wr_layout(data_bytes):
         "data": 8 * data_bytes,
         "nbytes": bits_for(data_bytes),
         "last": 1,
+        "hint": 1,
     })
 
 
@@ -230,7 +186,8 @@ def DmaWritePort(data_bytes):
     """A DMA write port as seen by a client of the NIC's DMA engine.
 
     ``wr`` (client -> engine): one write is a run of beats packed from byte 0; ``addr``,
-    ``len`` (1..65536) and ``tag`` are taken from its first beat. ``done`` (engine ->
+    ``len`` (1..65536), ``tag`` and ``hint`` are taken from its first beat (``hint``: the
+    host signals the write when it is in memory, its ``th`` header bit: CQE writes). ``done`` (engine ->
     client, always accepted): one entry per write, in write order, once the host has
     answered every part of it; ``err`` says it failed.
     """

@@ -24,7 +24,7 @@ address               access   meaning
 ====================  =======  ==============================================================
 
 Every MMIO write is 8 bytes except the 64-byte BlueFlame writes; reads are 8 bytes. The
-host side of the MMIO path may be back-pressured by the NIC (``hw/dma/mmio.py``).
+host side of the MMIO path may be back-pressured by the NIC (``hw/mmio.py``).
 """
 
 from amaranth.lib import data, enum

@@ -174,7 +174,7 @@ TRACKER_ENTRY = data.StructLayout({
 STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
          "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject",
          "stat_timeout", "stat_retransmit", "stat_rnr_rx", "stat_retry_exc", "stat_resp_drop",
-         "stat_dma_err", "stat_bf_hit"]
+         "stat_bf_hit"]
 
 
 def psn_le(a, b):
@@ -212,6 +212,8 @@ class Requester(wiring.Component):
         for s in STATS:
             ports[s] = Out(1)
         ports["stat_bf_miss"] = Out(range(BF_ENTRIES + 1))
+        # WRs ended by a host-interface error this cycle: a WQE, a payload read, a write
+        ports["stat_dma_err"] = Out(range(4))
         super().__init__(ports)
 
     def elaborate(self, platform):
@@ -475,7 +477,8 @@ class Requester(wiring.Component):
         go = gate.o.payload
         pay_err_stat = Signal()
         gate_err_stat = Signal()
-        m.d.comb += self.stat_dma_err.eq(pay_err_stat | gate_err_stat)
+        wqe_err_stat = Signal()
+        m.d.comb += self.stat_dma_err.eq(pay_err_stat + gate_err_stat + wqe_err_stat)
         g_cqe = Signal(formats.CQE)
         g_err_sent = Signal()          # the failed completion has left, the ERR request waits
         m.d.comb += [g_cqe.eq(go.item.req.cqe), gate.clear.eq(1)]
@@ -973,6 +976,7 @@ class Requester(wiring.Component):
                     ]
                     m.d.sync += [tail[cur].eq(tail[cur] + 1), fi[cur].eq(fi[cur] + 1),
                                  lerr[cur].eq(1), lerr_idx[cur].eq(fi[cur])]
+                    m.d.comb += wqe_err_stat.eq(wqe_err)
                     m.next = "NEXT"
                 with m.Else():
                     # the message enters the tracker before its first packet is queued
@@ -1216,7 +1220,8 @@ class Requester(wiring.Component):
                 mine = (rts[rcur] & ~err[rcur] & ~kills & there & (rent.status == 0)
                         & psn_le(rent.first_psn, perr_psn) & psn_le(perr_psn, rent.last_psn))
                 with m.If(mine):
-                    m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
+                    # the WR ends here (counted once, whatever packets of it failed)
+                    m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent), pay_err_stat.eq(1),
                                  rx_trk_data.status.eq(WcStatus.LOC_PROT_ERR.value)]
                     m.d.sync += err[rcur].eq(1)
                     m.next = "R_ERR"
@@ -1273,7 +1278,7 @@ class Requester(wiring.Component):
             with m.State("META"):
                 with m.If(out_ok & bad_pay):
                     with m.If(~perr_v):
-                        m.d.comb += [desc.r_en.eq(1), pay_err.r_en.eq(1), pay_err_stat.eq(1)]
+                        m.d.comb += [desc.r_en.eq(1), pay_err.r_en.eq(1)]
                         m.d.sync += [perr_v.eq(1), perr_q.eq(out.qpn), perr_slot.eq(out.slot),
                                      perr_psn.eq(out_meta.psn)]
                         m.next = "SKIP"

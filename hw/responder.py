@@ -134,7 +134,7 @@ Ports
 ``Out(DmaWritePort(W))``, ``cqe``: ``Out(CqeRequest())``,
 ``stat_nak``: ``Out(1)`` (a NAK leaves on ``tx``), ``stat_drop``: ``Out(1)``,
 ``stat_resp_full``: ``Out(1)`` (a response waits for room in the response queue this cycle),
-``stat_dma_err``: ``Out(1)`` (a host-interface error was turned into a NAK).
+``stat_dma_err``: ``Out(range(4))`` (host-interface errors turned into NAKs this cycle).
 
 Parameter ``read_buffers`` (power of two in [2, 16], default 4): size of the READ payload
 ring in MTUs.
@@ -253,7 +253,7 @@ class Responder(wiring.Component):
             "stat_seq_drop": Out(1),
             "stat_replay": Out(1),
             "stat_coalesce": Out(1),
-            "stat_dma_err": Out(1),
+            "stat_dma_err": Out(range(4)),
         })
 
     def elaborate(self, platform):
@@ -450,7 +450,7 @@ class Responder(wiring.Component):
         m.submodules.err_arb = err_arb = StreamArbiter(data.StructLayout({"qpn": 24}), 3)
         wiring.connect(m, err_arb.o, wiring.flipped(self.set_err))
         dma_err_fsm, dma_err_gate, dma_err_tx = Signal(), Signal(), Signal()
-        m.d.comb += self.stat_dma_err.eq(dma_err_fsm | dma_err_gate | dma_err_tx)
+        m.d.comb += self.stat_dma_err.eq(dma_err_fsm + dma_err_gate + dma_err_tx)
 
         def push(kind, psn, syn, msn, arg=0, length=0):
             """Offer one response descriptor to the gate; returns when it is taken."""

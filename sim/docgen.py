@@ -23,6 +23,10 @@ TABLES = [
     ("Memory-region entry (command SET_MR arguments)", formats.MR_ENTRY),
     ("QP context (command SET_QP arguments)", regmap.QP_CTX),
     ("CQ context (command SET_CQ arguments)", regmap.CQ_CTX),
+    ("Down TLP header (NIC to host: MRd, MWr; the model's header, not PCIe's wire format: "
+     "docs/host-interface.md)", formats.TLP_DOWN_HDR),
+    ("Up TLP header (host to NIC: completions, write responses; the model's header)",
+     formats.TLP_UP_HDR),
 ]
 
 

@@ -49,6 +49,30 @@ class Target:
         return d
 
 
+HOSTS = ("python", "rtl")
+
+
+def system_config(preset_name, host):
+    """The preset ``preset_name`` with the host model ``host`` (``HOST=python|rtl``)."""
+    from hw.config import preset
+    if host not in HOSTS:
+        raise ValueError(f"host must be one of {', '.join(HOSTS)}, not {host!r}")
+    return preset(preset_name).replace(host__kind=host)
+
+
+def build_system(cfg, *, fast=False, **kw):
+    """Build (or reuse) the two-node system of ``cfg`` under Verilator: ``system_<preset>``
+    with the Python host, ``system_<preset>_rtl`` with the RTL host. ``fast``: with the clock
+    inside the simulation (``InternalClock(compat=False)``: no Python on any clock edge), as
+    full-speed runs (``make bench``, the demo) use; otherwise a cocotb ``Clock`` drives it."""
+    from hw.system import TwoNodeSystem
+    from sim.verilator import InternalClock, build
+    suffix = "" if cfg.host.kind == "python" else f"_{cfg.host.kind}"
+    if fast:
+        kw["clock"] = InternalClock.from_mhz(cfg.nic.clock_mhz, compat=False)
+    return build(TwoNodeSystem(cfg), f"system_{cfg.name}{suffix}", **kw)
+
+
 def results_dir(name):
     path = ROOT / "results" / name
     path.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ CQ's cache line sees the CQE then), never polling every clock.
 """
 
 import cocotb
-from cocotb.triggers import Event, First, RisingEdge, Timer
+from cocotb.triggers import Event, FallingEdge, First, RisingEdge, Timer, ValueChange
 from cocotb.utils import get_sim_time
 
 from hw.formats import CQE_BYTES, Access
@@ -38,13 +38,17 @@ class Host:
     backpressure   Python host only: probability that it waits a few cycles before taking a
                    request (None: never).
     fail           Python host only: ``fail(addr, len, is_write)`` makes DMA requests fail.
+    mirror         RTL host only: follow its write tap into a Python copy of its memory
+                   (``mem.read`` is then synchronous and Python wakes for every DMA write);
+                   off, Python reads through the CPU port and wakes only on the host's event
+                   line (``<node>_cqe_events``) while it waits for completions.
 
     Construct it in the time step the design's reset is raised (it zeroes its mailbox
     ports), then call ``dma.start()`` once the reset is released.
     """
 
     def __init__(self, dut, prefix, node_id, cfg, *, backpressure=None, seed=0,
-                 doorbell_policy="mlx5", fail=None):
+                 doorbell_policy="mlx5", fail=None, mirror=True):
         self.cfg = cfg
         self.kind = cfg.host.kind
         if self.kind == "python":
@@ -55,9 +59,13 @@ class Host:
         else:
             if fail is not None:
                 raise ValueError("fail: the RTL host fails only addresses outside its memory")
-            self.mem = self.dma = RtlHostMemory(dut, f"{prefix}_", cfg)
+            self.mem = self.dma = RtlHostMemory(dut, f"{prefix}_", cfg, mirror=mirror)
             base, size = cfg.host.rtl_mem_base, cfg.host.rtl_mem_bytes
         self.mmio = MmioDriver(dut, f"{prefix}_mmio_")
+        self.events = getattr(dut, f"{prefix}_cqe_events")
+        # how a waiter learns that a CQ was written: the Python host's and the mirrored RTL
+        # host's DMA writes (on_write) or, unmirrored, the host's event line
+        self.use_events = self.kind == "rtl" and not mirror
         self._cq_written = Event()
         self._cq_pages, self._cq_known = set(), 0
         self.dma.on_write = self._on_write
@@ -86,14 +94,19 @@ class Host:
         deadline = now_ns() + timeout_ns
         while True:
             self._cq_written.clear()
+            seen = int(self.events.value)
             wcs += await cq.poll_cq(n - len(wcs))
             if len(wcs) >= n:
                 return wcs
             left = deadline - now_ns()
             if left <= 0:
                 raise TimeoutError(f"{len(wcs)} of {n} completions after {timeout_ns} ns")
-            if not self._cq_written.is_set():
-                await First(self._cq_written.wait(), Timer(max(1, int(left * 1000)), "ps"))
+            timer = Timer(max(1, int(left * 1000)), "ps")
+            if self.use_events:
+                if int(self.events.value) == seen:
+                    await First(ValueChange(self.events), timer)
+            elif not self._cq_written.is_set():
+                await First(self._cq_written.wait(), timer)
 
     async def read_counters(self):
         from hw.regmap import Counter
@@ -101,12 +114,20 @@ class Host:
 
 
 class FrameMonitor:
-    """Collects the frames a link accepts (``tap_<dir>`` ports) into a pcap writer."""
+    """Collects the frames a link accepts (``tap_<dir>`` ports) into a pcap writer.
+
+    Samples each beat where it is stable: at the rising edge with a cocotb ``Clock`` or a
+    compatible in-simulation clock (values from before the edge), at the falling edge before
+    it with a plain in-simulation clock (whose ``RisingEdge`` readers see the values from
+    after the edge; sim/simclock.py)."""
 
     def __init__(self, dut, name, writer, data_bytes):
+        from .simclock import internal_clock
         self.valid = getattr(dut, f"{name}_valid")
         self.payload = getattr(dut, name)
         self.clk = dut.clk
+        internal = internal_clock(dut)
+        self._edge = FallingEdge if internal is not None and not internal[1] else RisingEdge
         self.writer = writer
         self.W = data_bytes
         self.frames = 0
@@ -119,7 +140,7 @@ class FrameMonitor:
         while True:
             if not int(self.valid.value):
                 await RisingEdge(self.valid)
-            await RisingEdge(self.clk)
+            await self._edge(self.clk)
             if not int(self.valid.value):
                 continue
             v = int(self.payload.value)
@@ -148,11 +169,13 @@ class TwoNodes:
 
     @classmethod
     async def start(cls, dut, cfg, *, backpressure=None, seed=0, pcap=None, doorbell_policy="mlx5",
-                    fail=None):
-        """``fail`` (Python host): ``fail(node, addr, len, is_write)`` fails DMA requests."""
+                    fail=None, mirror=True):
+        """``fail`` (Python host): ``fail(node, addr, len, is_write)`` fails DMA requests.
+        ``mirror`` (RTL host): keep a Python copy of host memory from the write tap (checks
+        read it synchronously); off for full-speed runs (see :class:`Host`)."""
         # the hosts' mailbox ports are set in the time step the reset is raised
         hosts = [Host(dut, p, i, cfg, backpressure=backpressure, seed=seed * 2 + i,
-                      doorbell_policy=doorbell_policy,
+                      doorbell_policy=doorbell_policy, mirror=mirror,
                       fail=None if fail is None else (lambda a, n, w, i=i: fail(i, a, n, w)))
                  for i, p in enumerate(("a", "b"))]
         await start_clock_and_reset(dut, cfg.nic.clock_mhz)

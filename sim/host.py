@@ -312,10 +312,15 @@ class RtlHostMemory:
 
     ``read`` is synchronous (the shadow), ``write`` a coroutine (through the CPU port).
     The window is ``[base, base + size)``; writes outside it are refused with ValueError.
+
+    ``mirror=False`` keeps no shadow and does not follow the write tap (Python then never
+    wakes for the NIC's writes: full-speed runs): ``read`` returns a coroutine that reads
+    the real memory through the CPU port.
     """
 
-    def __init__(self, dut, prefix, cfg):
+    def __init__(self, dut, prefix, cfg, *, mirror=True):
         host = cfg.host
+        self.mirror = mirror
         self.base, self.size = host.rtl_mem_base, host.rtl_mem_bytes
         self.shadow = HostMemory()
         self.cpu_codec = LayoutCodec(CPU_REQ)
@@ -339,7 +344,8 @@ class RtlHostMemory:
     def start(self):
         """Start mirroring the write tap (once the design is out of reset)."""
         import cocotb
-        self._task = cocotb.start_soon(self._tap_loop())
+        if self.mirror:
+            self._task = cocotb.start_soon(self._tap_loop())
 
     def _check(self, addr, n):
         if not (self.base <= addr and addr + n <= self.base + self.size):
@@ -347,6 +353,8 @@ class RtlHostMemory:
                              f"memory [{self.base:#x}, {self.base + self.size:#x})")
 
     def read(self, addr, n):
+        if not self.mirror:
+            return self.readback(addr, n)
         return self.shadow.read(addr, n)
 
     async def write(self, addr, data):
@@ -360,7 +368,8 @@ class RtlHostMemory:
                 self.cpu_writes += 1
             # done when the RTL host has written the last chunk
             await self.cpu.wait_taken()
-        self.shadow.write(addr, data)
+        if self.mirror:
+            self.shadow.write(addr, data)
 
     async def readback(self, addr, n):
         """Read the RTL host's real memory through the CPU port."""

@@ -36,8 +36,8 @@ class Scoreboard:
     def _ref_qp(self, qp):
         return self.ref.qp(qp.ctx.node_id, qp.qpn)
 
-    async def post_send(self, qp, wrs):
-        await qp.post_send(wrs)
+    async def post_send(self, qp, wrs, **kw):
+        await qp.post_send(wrs, **kw)
         self.ref.post_send(self._ref_qp(qp), wrs)
         self.posted += len(wrs) if isinstance(wrs, list) else 1
 

@@ -382,6 +382,8 @@ class QueuePair:
 
     def _reset_indices(self):
         self.sq_pi = 0                 # free running; WQE slot = index % sq_depth
+        self.sq_unrung = 0             # WQEs written with ring=False, doorbell not yet rung
+        self._last_wqe = b""
         self.sq_ci = 0
         self.rq_pi = 0
         self.rq_ci = 0
@@ -450,12 +452,16 @@ class QueuePair:
 
     # -- posting -------------------------------------------------------------------------
 
-    async def post_send(self, wrs, allow_overflow=False):
+    async def post_send(self, wrs, allow_overflow=False, ring=True):
         """Write the WQEs of ``wrs`` (one :class:`SendWR` or a list) and ring the doorbell once.
 
         Raises :class:`VerbsError` with ``errno == ENOMEM`` when the send queue would hold more
         than ``sq_depth`` outstanding WQEs, unless ``allow_overflow`` (then the ring is
         overwritten and the doorbell still rung, to test the NIC's behaviour).
+
+        ``ring=False`` writes the WQEs only; :meth:`ring_sq` (or the next post with ``ring``)
+        rings one doorbell for all of them, as a driver chaining WQEs does (mlx5's
+        ``ibv_wr_start`` .. ``ibv_wr_complete``). BlueFlame is used only for a single WQE.
         """
         wrs = [wrs] if isinstance(wrs, SendWR) else list(wrs)
         for wr in wrs:
@@ -476,9 +482,19 @@ class QueuePair:
             await _maybe_await(self.ctx.mem.write(addr, raw))
             self._sq_outstanding.append((wr.wr_id, wr.signaled))
             self.sq_pi += 1
-        if len(wrs) == 1 and self.ctx.blueflame:
-            # the WQE again, into the QP's BlueFlame register: that write is the doorbell
-            await _maybe_await(self.ctx.mmio.write_bf(self.blueflame_addr, raw))
+        self.sq_unrung += len(wrs)
+        self._last_wqe = raw
+        if ring:
+            await self.ring_sq()
+
+    async def ring_sq(self):
+        """Ring the send doorbell for the WQEs written since the last ring: by BlueFlame (the
+        WQE again, into the QP's BlueFlame register: that write is the doorbell) when there
+        is exactly one and the context uses BlueFlame, else an 8-byte doorbell with the
+        current producer index."""
+        n, self.sq_unrung = self.sq_unrung, 0
+        if n == 1 and self.ctx.blueflame:
+            await _maybe_await(self.ctx.mmio.write_bf(self.blueflame_addr, self._last_wqe))
             return
         word = int.from_bytes(formats.pack(DOORBELL, qpn=self.qpn, pi=self.sq_pi & 0xFFFF),
                               "little")
@@ -618,6 +634,14 @@ class Context:
                 break
         if status != CmdStatus.OK:
             raise CommandError(cmd, index, status)
+
+    async def get_async_event(self):
+        """The oldest asynchronous event (``ibv_get_async_event``, IBA 11.6.3) as
+        ``(AsyncEventType value, CQN or QPN)``, or None when there is none (it is removed)."""
+        v = await self.mmio_read(Reg.ASYNC_EVENT)
+        if not v >> 63:
+            return None
+        return (v >> 24) & 0xF, v & 0xFFFFFF
 
     async def read_counter(self, counter):
         """Value of a performance counter (:class:`~hw.regmap.Counter`)."""

@@ -31,3 +31,11 @@ def test_table_marks_missed_targets():
                "sim": {"cycles": 10, "wall_s": 1.0, "cycles_per_s": 10.0}, "commit": "abc"}
     text = format_table(summary)
     assert "yes" in text and "NO" in text
+
+
+def test_system_config_host():
+    from sim.experiment import system_config
+    assert system_config("small", "rtl").host.kind == "rtl"
+    assert system_config("connectx6", "python").host.kind == "python"
+    with pytest.raises(ValueError, match=r"host must be one of python, rtl, not 'fpga'"):
+        system_config("small", "fpga")

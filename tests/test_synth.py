@@ -20,22 +20,29 @@ def test_synthesize_small_link(tmp_path):
 
 
 def test_cli_writes_resources_json(tmp_path, capsys):
-    assert synth.main(["--top", "dma_arbiter", "--preset", "small", "--out", str(tmp_path)]) == 0
+    """The NIC's host interface (hw/dma/host_if.py) of the small preset, with the node's 5
+    read and 4 write clients, through the command line (about half a minute)."""
+    assert synth.main(["--top", "host_if", "--preset", "small", "--out", str(tmp_path)]) == 0
     rec = json.loads((tmp_path / "resources.json").read_text())
-    assert rec["top"] == "dma_arbiter" and rec["preset"] == "small"
-    assert rec["luts"] > 0 and rec["ffs"] > 0
-    # The arbiter's only memory is its routing FIFO of 32 two-bit client numbers (64 bits),
-    # which Yosys maps to LUT RAM / flip-flops: no DP16KD (test_small_rnic_node_synthesizes
-    # checks that block RAMs are counted where there are some).
-    assert rec["brams"] == 0
+    assert rec["top"] == "host_if" and rec["preset"] == "small"
+    assert rec["luts"] > 1000 and rec["ffs"] > 1000
+    # Block RAM: the read engine keeps each read client's data in a ring of two banks (even
+    # and odd words, synchronous read, byte-enabled writes). With W = 8 the WQE client's
+    # ring is 128 words (four 256-byte WQE batches), so each bank is 64 x 64 bits, which
+    # Yosys puts in two DP16KD (36 bits wide each): 4 in all. The other rings (64, 64, 8
+    # and 4 words), the tag table, the FIFOs and the write engine's response queue are
+    # small enough for LUT RAM (TRELLIS_DPR16X4). A count of 0 would mean the rings were
+    # not inferred as memories; more, that a small memory went to block RAM.
+    assert rec["brams"] == 4
     out = capsys.readouterr().out
-    assert "LUT4" in out and re.search(r"DP16KD\s+0\n", out), out
+    assert "LUT4" in out and re.search(r"DP16KD\s+4\n", out), out
 
 
 def test_registry_factories_build():
     cfg = preset("small")
-    assert {"link", "dma_arbiter"} <= set(synth.TOPS)
-    for name in ("link", "dma_arbiter"):
+    assert {"link", "host_if", "rnic", "system"} <= set(synth.TOPS)
+    assert "dma_arbiter" not in synth.TOPS
+    for name in ("link", "host_if"):
         synth.TOPS[name](cfg)
 
 

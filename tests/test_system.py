@@ -31,8 +31,12 @@ CASES = [
     "test_error_illegal_transition",
     "test_modify_keeps_transport_state",
     "test_random_mixed",
+    "test_blueflame",
+    "test_agreement_record",
     "test_pcap_capture",
 ]
+DMA_ERROR_CASES = ["test_wqe_read_fails", "test_payload_read_fails", "test_responder_write_fails",
+                   "test_read_source_fails", "test_cq_overrun"]
 
 
 @pytest.fixture(scope="module")
@@ -41,37 +45,77 @@ def pcap_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def system_run(pcap_path):
-    info = build(TwoNodeSystem(preset("small")), "system_small")
-    env = {"RNIC_PRESET": "small", "TB_OPS": os.environ.get("TB_OPS", "10000"), "TB_SEED": "1",
-           "PCAP_FILE": str(pcap_path), "RNIC_REORDER": "0.3"}
-    return run(info, "tests.cocotb.tb_system", extra_env=env, check=False)
-
-
-RTL_CASES = ["test_each_opcode", "test_random_mixed"]
+def agree_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("agree")
 
 
 @pytest.fixture(scope="module")
-def rtl_run():
+def system_build():
+    return build(TwoNodeSystem(preset("small")), "system_small")
+
+
+@pytest.fixture(scope="module")
+def system_run(system_build, pcap_path, agree_dir):
+    env = {"RNIC_PRESET": "small", "TB_OPS": os.environ.get("TB_OPS", "10000"), "TB_SEED": "1",
+           "PCAP_FILE": str(pcap_path), "RNIC_REORDER": "0.3",
+           "AGREE_FILE": str(agree_dir / "python.json")}
+    return run(system_build, "tests.cocotb.tb_system", extra_env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def dma_error_run(system_build):
+    env = {"RNIC_PRESET": "small", "TB_SEED": "1"}
+    return run(system_build, "tests.cocotb.tb_dma_errors", extra_env=env, check=False)
+
+
+RTL_CASES = ["test_each_opcode", "test_random_mixed", "test_agreement_record",
+             "test_unmirrored_event_line"]
+
+
+@pytest.fixture(scope="module")
+def rtl_run(agree_dir):
     info = build(TwoNodeSystem(preset("small").replace(host__kind="rtl")), "system_small_rtl")
     env = {"RNIC_PRESET": "small", "RNIC_HOST": "rtl", "TB_SEED": "2",
-           "TB_OPS": os.environ.get("TB_OPS", "10000")}
+           "TB_OPS": os.environ.get("TB_OPS", "10000"), "AGREE_FILE": str(agree_dir / "rtl.json")}
     return run(info, "tests.cocotb.tb_system", testcase=RTL_CASES, extra_env=env, check=False)
+
+
+def _check_case(result, case):
+    results = {t.name.split(".")[-1]: t for t in result.tests}
+    assert case in results, f"{case} did not run; log:\n{result.log()[-3000:]}"
+    assert results[case].passed, f"{case} failed: {results[case].message}"
 
 
 @pytest.mark.parametrize("case", RTL_CASES)
 def test_system_rtl_host(rtl_run, case):
-    results = {t.name.split(".")[-1]: t for t in rtl_run.tests}
-    assert case in results, f"{case} did not run; log:\n{rtl_run.log()[-3000:]}"
-    assert results[case].passed, f"{case} failed: {results[case].message}"
+    _check_case(rtl_run, case)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_system(system_run, case):
-    results = {t.name.split(".")[-1]: t for t in system_run.tests}
-    assert case in results, f"{case} did not run; log:\n{system_run.log()[-3000:]}"
-    t = results[case]
-    assert t.passed, f"{case} failed: {t.message}"
+    _check_case(system_run, case)
+
+
+@pytest.mark.parametrize("case", DMA_ERROR_CASES)
+def test_system_dma_errors(dma_error_run, case):
+    _check_case(dma_error_run, case)
+
+
+def test_hosts_agree(system_run, rtl_run, agree_dir):
+    """The same workload on the Python and on the RTL host (no back-pressure, no reordering):
+    the same completions and memory, and batch times within 1 % (the hosts see the same
+    link timing; docs/host-interface.md)."""
+    import json
+    _check_case(system_run, "test_agreement_record")
+    _check_case(rtl_run, "test_agreement_record")
+    py = json.loads((agree_dir / "python.json").read_text())
+    rtl = json.loads((agree_dir / "rtl.json").read_text())
+    assert py["host"] == "python" and rtl["host"] == "rtl"
+    assert py["completions"] == rtl["completions"]
+    assert py["memory"] == rtl["memory"]
+    assert len(py["batch_ns"]) == len(rtl["batch_ns"]) > 10
+    for a, b in zip(py["batch_ns"], rtl["batch_ns"]):
+        assert abs(a - b) <= 0.01 * max(a, b), (py["batch_ns"], rtl["batch_ns"])
 
 
 def test_pcap_decodes_as_rocev2(system_run, pcap_path):

@@ -451,6 +451,26 @@ def test_post_send_blueflame():
         Context(mmio, mem, cfg, blueflame=1)
 
 
+def test_post_send_deferred_ring():
+    """ring=False writes the WQEs and rings nothing; ring_sq rings once for all of them (by
+    BlueFlame when there is exactly one)."""
+    cfg = NicConfig(n_qps=8, n_cqs=4, n_mrs=4, n_doorbells=16)
+    mmio, mem = FakeBfMmio(), FakeMemory()
+    ctx = Context(mmio, mem, cfg, node_id=3, host_base=0x10_0000, host_size=1 << 20,
+                  first_qpn=2, blueflame=True)
+    qa, qb = run(_connected(ctx))
+    mmio.clear()
+    run(qa.post_send(SendWR(wr_id=1, opcode=WrOpcode.RDMA_WRITE), ring=False))
+    assert mmio.log == [] and qa.sq_pi == 1
+    run(qa.ring_sq())
+    assert mmio.log == [("bf", BLUEFLAME_BASE + 64 * qa.db_reg, mem.read(qa.sq_base, 64))]
+    mmio.clear()
+    for i in range(2):
+        run(qa.post_send(SendWR(wr_id=2 + i, opcode=WrOpcode.RDMA_WRITE), ring=False))
+    run(qa.post_send(SendWR(wr_id=4, opcode=WrOpcode.RDMA_WRITE)))   # rings for all three
+    assert mmio.log == [("w", DOORBELL_BASE + 8 * qa.db_reg, qa.qpn | 4 << 32)]
+
+
 def test_post_send_ring_wrap_overflow_and_reclaim():
     ctx, mmio, mem = make()
     qa, qb = run(_connected(ctx, sq_depth=4))

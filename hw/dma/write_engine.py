@@ -13,7 +13,8 @@ Models the write half of an RNIC's host-interface DMA engine (as Corundum's
   header's ``addr`` and ``len``). A shifter with one word of carry does it at one word per
   cycle; a write whose head and tail are both unaligned takes one extra word.
 * **Writes in order.** One client write at a time (round robin between clients at write
-  boundaries), its TLPs back to back; PCIe keeps posted writes in order.
+  boundaries), its TLPs back to back; PCIe keeps posted writes in order. The last TLP of a
+  write whose client set ``hint`` carries ``th`` (the host signals it when it is in memory).
 * **Responses** (as AXI's B channel; PCIe posted writes have none): the host answers every
   MWr in order with a write response carrying its tag and a status. When all TLPs of a
   client write are answered, the client gets one ``done`` entry with its tag and ``err``
@@ -96,6 +97,7 @@ class DmaWriteEngine(wiring.Component):
         addr = Signal(64)          # first byte of the write
         end = Signal(65)           # one past its last byte
         utag = Signal(DMA_USER_TAG_BITS)
+        hint = Signal()
         rot = Signal(lw)           # addr mod W
         hk = Signal(64)            # host address of the next out word
         k = Signal(17)             # index of the next out word
@@ -116,6 +118,7 @@ class DmaWriteEngine(wiring.Component):
             m.d.sync += [
                 busy.eq(1), owner.eq(pick), last_c.eq(pick),
                 addr.eq(first.addr), end.eq(first.addr + ln), utag.eq(first.tag),
+                hint.eq(first.hint),
                 rot.eq(first.addr[:lw]), hk.eq(Cat(Const(0, lw), first.addr[lw:])),
                 k.eq(0),
                 n_in.eq((ln + (W - 1)) >> lw),
@@ -156,6 +159,7 @@ class DmaWriteEngine(wiring.Component):
             mwr.payload.hdr.tag.eq(wseq),
             mwr.payload.hdr.addr.eq(t_start),
             mwr.payload.hdr.len.eq(new_end - t_start),
+            mwr.payload.hdr.th.eq(hint & (new_end == end)),     # on the write's last TLP
             pend.w_data.eq(Cat(owner[:cb], new_end == end, utag)),
         ]
         take = mwr.valid & mwr.ready

@@ -11,19 +11,21 @@ The host kind comes from :class:`hw.config.HostConfig` ``kind``: ``"rtl"`` (memo
 that reached the memory, header and data, and ``wtap_count`` counts them, so that a
 testbench can mirror the memory without asking for it) or ``"python"`` (the adapter's
 ``py_*`` ports, served by ``sim/host.py``). Both see identical link timing, so a workload gives the
-same completion times on both (checked by tests/test_hosts.py).
+same completion times on both (checked by tests/hw/test_hosts.py).
 
-The host learns of a completion the way a polling CPU does, by the CQE's write reaching
-its memory: the Python side watches the writes the host takes (``sim/host.py``: the Python
-host's requests, the RTL host's write tap) and wakes the threads waiting on a CQ whose ring
-was written, so it never polls per cycle and never wakes before the CQE is in memory.
+The host's event line (an interrupt in spirit): ``cqe_events`` counts the MWrs marked
+``th`` (the NIC marks its CQE writes) once they are in host memory: for the RTL host at the
+edge that stores the TLP's last word, for the Python host when Python acknowledges the TLP
+(it has written it into its memory). A waiter woken by the count therefore finds the CQE in
+memory. Python's own waiters use the count with the RTL host (when they do not mirror its
+memory) and the writes themselves with the Python host (``sim/harness.py``).
 
 Ports (NIC side): ``nic_down: In(TlpDown(W))``, ``nic_up: Out(TlpUp(W))``, ``nic_mmio:
 Out(MmioPort())``. Host side, for Python or a workload engine,
 each a mailbox handshaken by counters (:mod:`hw.lib.seq_port`, so that it works whatever
 side of a clock edge the testbench reads on): ``mmio_cmd`` (``_seq`` in, ``_taken`` out),
 ``mmio_resp`` (``_seq`` out, ``_ack`` in), for the RTL host ``cpu`` and ``cpu_rdata`` the same
-way; ``stat_down_bytes``, ``stat_up_bytes``; and the ports named
+way; ``cqe_events: Out(32)``; ``stat_down_bytes``, ``stat_up_bytes``; and the ports named
 above.
 """
 
@@ -75,6 +77,7 @@ class HostSide(wiring.Component):
             "mmio_resp": Out(MMIO_RDATA),
             "mmio_resp_seq": Out(16),
             "mmio_resp_ack": In(16),
+            "cqe_events": Out(32),
             "stat_down_bytes": Out(16),
             "stat_up_bytes": Out(16),
         }
@@ -100,7 +103,7 @@ class HostSide(wiring.Component):
                                    cpl_bytes=host.cpl_bytes, depth=depth)
             self.mem_cycles = mem_cycles
             for name, member in self.host.signature.members.items():
-                if name not in ("down", "up"):
+                if name not in ("down", "up", "events"):
                     ports[f"py_{name}"] = member
         super().__init__(ports)
 
@@ -157,10 +160,13 @@ class HostSide(wiring.Component):
             # the count sees the whole TLP (the next one can only start at a later edge)
             with m.If(fire & b.payload.last & is_wr):
                 m.d.sync += self.wtap_count.eq(self.wtap_count + 1)
+                with m.If(Mux(t_first, b.payload.hdr.th, acc.hdr.th)):
+                    m.d.sync += self.cqe_events.eq(self.cqe_events + 1)
             m.d.comb += [self.wtap.hdr.eq(acc.hdr), self.wtap.data.eq(acc.data)]
         else:
+            m.d.comb += self.cqe_events.eq(host.events)
             for name, member in host.signature.members.items():
-                if name in ("down", "up"):
+                if name in ("down", "up", "events"):
                     continue
                 ours = getattr(self, f"py_{name}")
                 if member.flow == In:

@@ -19,7 +19,9 @@ and moves whole bursts.
   a :class:`~hw.host.cpl_emitter.CplEmitter` exactly as the RTL host splits them. Python
   reorders completions by choosing the push order.
 
-``now`` is the adapter's cycle counter (the time base of ``time`` and ``due``).
+``now`` is the adapter's cycle counter (the time base of ``time`` and ``due``). ``events``
+counts the MWrs with ``th`` that Python acknowledged (they are in its memory: the host's
+event line, ``hw/host/host_side.py``).
 
 Parameters: ``data_bytes``, ``max_payload``, ``max_read_request``, ``cpl_bytes``,
 ``depth`` (power of two in [2, 256]).
@@ -84,6 +86,7 @@ class PyHostPort(wiring.Component):
             "cpl_seq": In(16),
             "cpl_taken": Out(16),
             "now": Out(32),
+            "events": Out(32),
         })
 
     def elaborate(self, platform):
@@ -130,6 +133,8 @@ class PyHostPort(wiring.Component):
         # write response with the status Python gave
         m.d.comb += [wrsp.w_data.eq(Cat(rp.data.req.hdr.tag, self.req_status, rp.data.due)),
                      wrsp.w_en.eq(rp.ack_edge & (rp.data.req.hdr.kind == TlpKind.MWR))]
+        with m.If(rp.ack_edge & (rp.data.req.hdr.kind == TlpKind.MWR) & rp.data.req.hdr.th):
+            m.d.sync += self.events.eq(self.events + 1)
 
         # ---- responses: Python's pushes, each leaves at its due cycle ----------------------
         m.submodules.cplq = cplq = WideFifo(self.cpl_layout.size, self.depth)

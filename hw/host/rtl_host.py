@@ -57,7 +57,7 @@ def _byte_mask(W, first, end):
 
 
 class RtlHost(wiring.Component):
-    def __init__(self, data_bytes, *, mem_bytes=1 << 22, base=0x1000_0000, mem_cycles=0,
+    def __init__(self, data_bytes, *, mem_bytes=1 << 20, base=0x1000_0000, mem_cycles=0,
                  cpl_bytes=64, max_read_request=512, max_payload=256, read_queue=64):
         check_pow2("data_bytes", data_bytes, 8, 64)
         check_pow2("mem_bytes", mem_bytes, 4096, 1 << 30)

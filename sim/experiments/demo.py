@@ -11,7 +11,9 @@ sim/experiments/tb_demo.py under Verilator, and writes ``results/demo/``:
   (reference/smart-ae/fig4a.csv, 12 threads, depth 1). Other QPS/DEPTH values have no
   paper figure, and the target is then reported without one.
 
-``PCAP=<file>`` also writes a capture of every frame on both links.
+``PCAP=<file>`` also writes a capture of every frame on both links. ``HOST=python`` (default)
+runs it on the Python host model (sim/host.py), ``HOST=rtl`` on the synthesizable host
+(hw/host/); both model the same latency, bandwidth and TLP overhead (docs/host-interface.md).
 """
 
 import csv
@@ -21,14 +23,12 @@ import pathlib
 import statistics
 import time
 
-from hw.config import preset
-from hw.system import TwoNodeSystem
-from sim.experiment import Target, results_dir, write_summary
-from sim.verilator import build, run as run_cocotb
+from sim.experiment import Target, build_system, results_dir, system_config, write_summary
+from sim.verilator import run as run_cocotb
 
 NAME = "demo"
 PARAMS = {"preset": "connectx6", "ops": 2000, "qps": 12, "depth": 1, "rtt_samples": 100,
-          "seed": 1, "pcap": ""}
+          "seed": 1, "pcap": "", "host": "python"}
 
 PAPER_RTT_US = 2.35
 #: SMART artifact, fig4a.csv (READ, one doorbell per thread): (threads, depth) -> Mops.
@@ -36,13 +36,14 @@ PAPER_MOPS = {(12, 1): 5.103, (12, 4): 13.591, (12, 8): 21.799}
 
 
 def run(params):
-    cfg = preset(params["preset"])
+    cfg = system_config(params["preset"], params["host"])
     out = results_dir(NAME)
     t0 = time.perf_counter()
-    info = build(TwoNodeSystem(cfg), f"system_{cfg.name}")
+    info = build_system(cfg, fast=True)
     results_file = out / "raw.json"
     env = {
-        "RNIC_PRESET": cfg.name, "DEMO_OPS": str(params["ops"]), "DEMO_QPS": str(params["qps"]),
+        "RNIC_PRESET": cfg.name, "RNIC_HOST": cfg.host.kind,
+        "DEMO_OPS": str(params["ops"]), "DEMO_QPS": str(params["qps"]),
         "DEMO_DEPTH": str(params["depth"]), "DEMO_RTT_SAMPLES": str(params["rtt_samples"]),
         "DEMO_SEED": str(params["seed"]), "RESULTS_FILE": str(results_file),
         "PCAP": str(pathlib.Path(params["pcap"]).resolve()) if params["pcap"] else "",

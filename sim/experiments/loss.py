@@ -1,7 +1,8 @@
 """``make sim EXP=loss``: goodput and completion latency of the RC transport against frame loss.
 
 Builds the two-node system (default preset ``small``; ``PRESET=connectx6`` for the large
-one), runs sim/experiments/tb_loss.py under Verilator and writes ``results/loss/``:
+one; ``HOST=rtl`` for the synthesizable host instead of the Python one), runs
+sim/experiments/tb_loss.py under Verilator and writes ``results/loss/``:
 
 * ``loss.csv``: per loss rate, goodput (Gb/s and as a fraction of the loss-free goodput),
   completion latency p50 / p99 / max, frames lost, retransmissions, ACK timeouts,
@@ -27,14 +28,12 @@ import json
 import statistics
 import time
 
-from hw.config import preset
-from hw.system import TwoNodeSystem
-from sim.experiment import Target, results_dir, write_summary
-from sim.verilator import build, run as run_cocotb
+from sim.experiment import Target, build_system, results_dir, system_config, write_summary
+from sim.verilator import run as run_cocotb
 
 NAME = "loss"
 PARAMS = {"preset": "small", "rates": "0,0.001,0.005,0.01,0.02,0.05,0.1", "ops": 400,
-          "qps": 4, "depth": 4, "size": 4096, "timeout": 3, "seed": 1}
+          "qps": 4, "depth": 4, "size": 4096, "timeout": 3, "seed": 1, "host": "python"}
 
 
 def _pct(xs, q):
@@ -49,12 +48,13 @@ def run(params):
             raise ValueError(f"rates must be loss probabilities in [0, 0.5], not {r!r}")
     if 0.0 not in rates or 0.01 not in rates:
         raise ValueError("rates must include 0 and 0.01 (the targets compare them)")
-    cfg = preset(params["preset"])
+    cfg = system_config(params["preset"], params["host"])
     out = results_dir(NAME)
     t0 = time.perf_counter()
-    info = build(TwoNodeSystem(cfg), f"system_{cfg.name}")
+    info = build_system(cfg)
     results_file = out / "raw.json"
-    env = {"RNIC_PRESET": cfg.name, "LOSS_RATES": ",".join(str(r) for r in rates),
+    env = {"RNIC_PRESET": cfg.name, "RNIC_HOST": cfg.host.kind,
+           "LOSS_RATES": ",".join(str(r) for r in rates),
            "LOSS_OPS": str(params["ops"]), "LOSS_QPS": str(params["qps"]),
            "LOSS_DEPTH": str(params["depth"]), "LOSS_SIZE": str(params["size"]),
            "LOSS_TIMEOUT": str(params["timeout"]), "LOSS_SEED": str(params["seed"]),

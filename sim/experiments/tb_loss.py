@@ -22,7 +22,8 @@ from sim.faults import LinkFaults
 from sim.harness import TwoNodes, now_ns
 from sim.verbs import SendWR, SendFlags
 
-CFG = preset(os.environ.get("RNIC_PRESET", "small"))
+CFG = preset(os.environ.get("RNIC_PRESET", "small")).replace(
+    host__kind=os.environ.get("RNIC_HOST", "python"))
 COUNTER_OFF = 0xF000
 
 

@@ -461,10 +461,10 @@ async def test_stale_error_after_reset(dut):
     incarnation (IBA 10.3.1: RESET discards the QP's state; the responder cancels the
     packet's state write-back, hw/responder.py). Reproducer: a SEND_ONLY of 100 bytes to a QP
     whose only receive WQE holds 16 bytes (LOC_LEN_ERR, NAK invalid request, QP to ERR); the
-    receive-WQE fetch takes 4 us (host DMA read latency), and meanwhile the driver moves the QP
+    receive-WQE fetch takes over 4 us (host memory latency), and meanwhile the driver moves the QP
     to RESET and INIT. When the packet finishes, the QP must still be in INIT (RTR accepted)."""
     from sim.faults import FrameInjector
-    cfg = CFG.replace(host__dma_read_ns=4000.0)
+    cfg = CFG.replace(host__host_mem_ns=4000.0)
     sysm = await TwoNodes.start(dut, cfg, backpressure=None, seed=SEED)
     await sysm.pair()
     fz = await setup_fuzz_side(sysm)

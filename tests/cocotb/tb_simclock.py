@@ -251,11 +251,11 @@ async def idle_rate(dut):
                        "internal": info.internal, "compat": info.compat}, f)
 
 
-# SIMCLOCK_HOST_TESTS=1: the tests of tests/cocotb/tb_host.py (sim/host.py's DMA and MMIO
-# models on the DmaCopy design), unchanged but for their clock and reset, which come from
-# sim/simclock.py: on an InternalClock(compat=True) build they run with no cocotb Clock.
+# SIMCLOCK_HOST_TESTS=1: the tests of tests/cocotb/tb_host.py (sim/host.py's drivers on the
+# CopySystem design; RNIC_HOST names the build's host kind), unchanged: their clock and
+# reset come from sim/simclock.py, so on a build with an in-simulation clock they run with
+# no cocotb Clock.
 if os.environ.get("SIMCLOCK_HOST_TESTS") == "1":
-    import tests.cocotb.tb_host as _tb_host
-    _tb_host.start_clock_and_reset = start_clock_and_reset
-    from tests.cocotb.tb_host import (test_bandwidth, test_idle_rate,  # noqa: F401
-                                      test_random_copies)
+    from tests.cocotb.tb_host import (test_bandwidth, test_failed_read,  # noqa: F401
+                                      test_idle_rate, test_latency, test_random_copies,
+                                      test_read_after_write)

@@ -354,21 +354,36 @@ async def random_wr(rng, sb, wr_id, src, dst, op, area, sizes):
                   swap=rng.getrandbits(64), imm=rng.getrandbits(32), send_flags=flags)
 
 
-async def post_batch(sb, batch):
+async def post_batch(sb, batch, deferred=False):
     """Post ``[(src end, SendWR)]`` in order. The last request of each QP is signaled: its
     completion means every earlier (possibly unsignaled) request of the QP is done, so that
-    memory can be compared."""
+    memory can be compared. ``deferred``: write every WQE first and return the QPs whose
+    doorbells are still to be rung (:func:`ring_all`)."""
     last = {id(src["qp"]): i for i, (src, _) in enumerate(batch)}
+    qps = {}
     for i, (src, wr) in enumerate(batch):
         if last[id(src["qp"])] == i:
             wr = dataclasses.replace(wr, send_flags=wr.send_flags | SendFlags.SIGNALED)
-        await sb.post_send(src["qp"], wr)
+        await sb.post_send(src["qp"], wr, ring=not deferred)
+        qps[id(src["qp"])] = src["qp"]
+    return list(qps.values())
 
 
-async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeout_ns=20_000_000):
-    """Random traffic over ``npairs`` QP pairs, checked against the reference after each batch."""
+async def ring_all(qps):
+    for qp in qps:
+        await qp.ring_sq()
+
+
+async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeout_ns=20_000_000,
+                     cfg=CFG, backpressure=BP, batch_times=None, deferred=False):
+    """Random traffic over ``npairs`` QP pairs, checked against the reference after each
+    batch (``batch_times``: a list to which the time each batch took is appended).
+    ``deferred``: each batch's WQEs are all written before its doorbells are rung, and the
+    batch is timed from the first doorbell (so that the host CPU's memory writes, which take
+    time on the RTL host's CPU port and none on the Python host, are not timed)."""
+    from sim.harness import now_ns
     rng = random.Random(seed)
-    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=seed)
+    sysm = await TwoNodes.start(dut, cfg, backpressure=backpressure, seed=seed)
     buf = 1 << 17
     # Each pair has its own buffers. Requester side: [0, 32K) receives READ data and atomic
     # results, [32K, 64K) is only ever read (WRITE/SEND sources). Responder side: [64K, 96K)
@@ -398,9 +413,17 @@ async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeo
                 batch.append((src, await random_wr(rng, sb, wr_id, src, dst, op, 1 << 15,
                                                    (4096, 20000))))
                 wr_id += 1
-        await post_batch(sb, batch)
+        if deferred:
+            qps = await post_batch(sb, batch, deferred=True)
+            t0 = now_ns()
+            await ring_all(qps)
+        else:
+            t0 = now_ns()
+            await post_batch(sb, batch)
         done += len(batch)
         await sb.check(timeout_ns=timeout_ns)
+        if batch_times is not None:
+            batch_times.append(now_ns() - t0)
     await sb.check_host_memory()
     dut._log.info(f"random: {done} work requests over {npairs} QP pairs checked")
     return sysm, sb
@@ -447,6 +470,51 @@ async def test_blueflame(dut):
     saved = lat[False] - lat[True]
     rtt = CFG.host.dma_read_ns
     assert 0.5 * rtt <= saved <= 2 * rtt, (lat, rtt)
+
+
+@cocotb.test(skip=CFG.host.kind != "rtl")
+async def test_unmirrored_event_line(dut):
+    """The RTL host without a Python copy of its memory (full-speed mode): completions are
+    awaited on the host's event line only, Python reads through the CPU port, and it never
+    wakes for the NIC's DMA writes."""
+    sysm = await TwoNodes.start(dut, CFG, mirror=False, seed=SEED)
+    a, b = await sysm.pair()
+    la, lk, ra, rk = a["buf"], a["mr"].lkey, b["buf"], b["mr"].rkey
+    data = bytes(range(256)) * 4
+    await sysm.a.write_mem(la, data)
+    await a["qp"].post_send([SendWR(1, W, (la, 1024, lk), ra, rk),
+                             SendWR(2, R, (la + 2048, 512, lk), ra + 256, rk)])
+    wcs = await sysm.a.wait_completions(a["cq"], 2)
+    assert [(w.wr_id, WcStatus(w.status)) for w in wcs] == [(1, WcStatus.SUCCESS),
+                                                             (2, WcStatus.SUCCESS)]
+    assert await sysm.b.mem.readback(ra, 1024) == data
+    assert await sysm.a.mem.readback(la + 2048, 512) == data[256:768]
+    assert sysm.a.mem.wakeups == 0 and sysm.a.mem.writes == 0
+    assert int(dut.a_cqe_events.value) == 2
+
+
+@cocotb.test()
+async def test_agreement_record(dut):
+    """A fixed workload (no host back-pressure, no reordering) whose results the pytest side
+    compares between the Python and the RTL host (tests/test_system.py): completions, the
+    memory of every buffer and the time of each batch, written to ``AGREE_FILE``."""
+    import hashlib
+    import json
+    cfg = CFG.replace(host__reorder=0.0)
+    times = []
+    sysm, sb = await run_random(dut, 300, 4, seed=77, cfg=cfg, backpressure=None,
+                                batch_times=times, deferred=True)
+    wcs = {f"{k[0]}/{k[1]}": [(w.wr_id, int(getattr(w.status, "value", w.status)), w.byte_len)
+                              for w in v] for k, v in sorted(sb.actual.items())}
+    mem = {}
+    for h in (sysm.a, sysm.b):
+        lo, hi = h.ctx.host_base, h.ctx._brk
+        mem[str(h.ctx.node_id)] = hashlib.sha256(h.mem.read(lo, hi - lo)).hexdigest()
+    path = os.environ.get("AGREE_FILE")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"host": cfg.host.kind, "completions": wcs, "memory": mem,
+                       "batch_ns": times}, f)
 
 
 @cocotb.test()

@@ -300,10 +300,12 @@ class ClientsSim:
     (``p_client``: chance per cycle that a client is willing), and collect what comes back:
     ``got_rd[c]`` = [(tag, data, err)], ``got_wr[c]`` = [(tag, err)], ``cycles_rd[c]`` /
     ``cycles_wr[c]``: the cycle each finished. ``before_read(ctx, c, i)`` (async) and
-    ``after_write(c, i)`` hook into the order of requests."""
+    ``after_write(c, i)`` hook into the order of requests. The writes of the clients in
+    ``hint`` carry the ``hint`` flag (the host signals them on its event line)."""
 
     def __init__(self, rd_ports, wr_ports, data_bytes, *, reads=None, writes=None, seed=0,
-                 p_client=1.0, before_read=None, after_write=None):
+                 p_client=1.0, before_read=None, after_write=None, hint=()):
+        self.hint = set(hint)
         self.rd_ports, self.wr_ports, self.W = list(rd_ports), list(wr_ports), data_bytes
         self.reads = reads or [[] for _ in self.rd_ports]
         self.writes = writes or [[] for _ in self.wr_ports]
@@ -376,7 +378,8 @@ class ClientsSim:
                     chunk = data[b * W:(b + 1) * W]
                     ctx.set(port.wr.payload, {"addr": a, "len": len(data), "tag": t,
                                               "data": int.from_bytes(chunk, "little"),
-                                              "nbytes": len(chunk), "last": b == nb - 1})
+                                              "nbytes": len(chunk), "last": b == nb - 1,
+                                              "hint": c in self.hint})
                     ctx.set(port.wr.valid, 1)
                     await tick_until(ctx, port.wr.ready)
                 self.events.append((self.cycle, "wr_handed", c, a))

@@ -138,13 +138,13 @@ def workload(rng, n_rd=3, n_wr=2, per=12, max_len=700):
 
 
 def run_system(kind, pre, reads, writes, *, seed=0, reorder=0.0, p_client=1.0, fail=None,
-               extra_reads=None):
+               extra_reads=None, hint=()):
     cfg = cfg_of(kind, host__reorder=reorder)
     W = cfg.nic.data_bytes
     rings = [128] * len(reads)
     dut = DmaSystem(cfg, rings, len(writes))
     clients = ClientsSim(dut.rd, dut.wr, W, reads=reads, writes=writes, seed=seed,
-                         p_client=p_client)
+                         p_client=p_client, hint=hint)
     clients.go = False
     out = {}
     sim = Simulator(dut)
@@ -178,12 +178,20 @@ def run_system(kind, pre, reads, writes, *, seed=0, reorder=0.0, p_client=1.0, f
     sim.add_testbench(start, background=True)
 
     bytes_seen = {"down": 0, "up": 0}
+    out["events"] = []           # (cycle, the host memory then: Python host only)
 
     async def count(ctx):
+        n = 0
         while True:
-            _, _, d, u = await ctx.tick().sample(dut.stat_down_bytes, dut.stat_up_bytes)
+            _, _, d, u, ev = await ctx.tick().sample(dut.stat_down_bytes, dut.stat_up_bytes,
+                                                     dut.cqe_events)
             bytes_seen["down"] += d
             bytes_seen["up"] += u
+            if ev != n:
+                assert ev == n + 1, "two events in one cycle"
+                n = ev
+                out["events"].append((clients.cycle, mem.read(BASE, SIZE) if kind == "python"
+                                      else None))
 
     sim.add_testbench(count, background=True)
     clients.run(sim, max_cycles=400_000, then=finish)
@@ -199,6 +207,22 @@ def expected_memory(pre, writes):
         for a, data, _ in ws:
             mem.write(a, data)
     return mem.read(BASE, SIZE)
+
+
+@pytest.mark.parametrize("kind", ["rtl", "python"])
+def test_event_line_follows_hinted_writes(kind):
+    """cqe_events counts the writes whose client set ``hint`` (the CQE writes), once each is
+    in host memory: the Python host's memory holds the write when its event comes."""
+    rng = random.Random(8)
+    pre, reads, writes = workload(rng, n_rd=1, n_wr=2, per=10, max_len=300)
+    clients, out = run_system(kind, pre, reads, writes, seed=4, p_client=0.8, hint=(1,))
+    assert len(out["events"]) == len(writes[1])
+    if kind == "python":
+        for (_, img), (a, data, _) in zip(out["events"], writes[1]):
+            assert img[a - BASE:a - BASE + len(data)] == data
+    # each event comes after the write was handed over and no later than its done
+    for (cyc, _), done in zip(out["events"], clients.cycles_wr[1]):
+        assert cyc <= done
 
 
 @pytest.mark.parametrize("kind", ["rtl", "python"])
