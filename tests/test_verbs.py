@@ -427,15 +427,21 @@ class FakeBfMmio(FakeMmio):
         self.log.append(("bf", addr, bytes(data)))
 
 
-def test_post_send_blueflame():
-    """With blueflame on, a single WR goes out as one 64-byte write of its WQE to the QP's
-    BlueFlame register (no 8-byte doorbell); a batch still rings the 8-byte doorbell."""
+def _blueflame_qp():
+    """A connected QP of a context with BlueFlame on, its MMIO log cleared."""
     cfg = NicConfig(n_qps=8, n_cqs=4, n_mrs=4, n_doorbells=16)
     mmio, mem = FakeBfMmio(), FakeMemory()
     ctx = Context(mmio, mem, cfg, node_id=3, host_base=0x10_0000, host_size=1 << 20,
                   first_qpn=2, blueflame=True)
-    qa, qb = run(_connected(ctx))
+    qa, _ = run(_connected(ctx))
     mmio.clear()
+    return cfg, mmio, mem, qa
+
+
+def test_post_send_blueflame():
+    """With blueflame on, a single WR goes out as one 64-byte write of its WQE to the QP's
+    BlueFlame register (no 8-byte doorbell); a batch still rings the 8-byte doorbell."""
+    cfg, mmio, mem, qa = _blueflame_qp()
     run(qa.post_send(SendWR(wr_id=9, opcode=WrOpcode.RDMA_WRITE, sg=(0x5000, 8, 7),
                             remote_addr=0x100, rkey=5)))
     wqe = mem.read(qa.sq_base, 64)
@@ -454,12 +460,7 @@ def test_post_send_blueflame():
 def test_post_send_deferred_ring():
     """ring=False writes the WQEs and rings nothing; ring_sq rings once for all of them (by
     BlueFlame when there is exactly one)."""
-    cfg = NicConfig(n_qps=8, n_cqs=4, n_mrs=4, n_doorbells=16)
-    mmio, mem = FakeBfMmio(), FakeMemory()
-    ctx = Context(mmio, mem, cfg, node_id=3, host_base=0x10_0000, host_size=1 << 20,
-                  first_qpn=2, blueflame=True)
-    qa, qb = run(_connected(ctx))
-    mmio.clear()
+    cfg, mmio, mem, qa = _blueflame_qp()
     run(qa.post_send(SendWR(wr_id=1, opcode=WrOpcode.RDMA_WRITE), ring=False))
     assert mmio.log == [] and qa.sq_pi == 1
     run(qa.ring_sq())
