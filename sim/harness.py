@@ -13,7 +13,7 @@ CQ's cache line sees the CQE then), never polling every clock.
 """
 
 import cocotb
-from cocotb.triggers import Event, FallingEdge, First, RisingEdge, Timer, ValueChange
+from cocotb.triggers import Event, FallingEdge, First, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 from hw.formats import CQE_BYTES, Access
@@ -41,7 +41,8 @@ class Host:
     mirror         RTL host only: follow its write tap into a Python copy of its memory
                    (``mem.read`` is then synchronous and Python wakes for every DMA write);
                    off, Python reads through the CPU port and wakes only on the host's event
-                   line (``<node>_cqe_events``) while it waits for completions.
+                   line (``<node>_cqe_events``), once per CQE, which it copies from the write
+                   tap into its copy of the CQ rings (sim/host.py ``RtlHostMemory``).
 
     Construct it in the time step the design's reset is raised (it zeroes its mailbox
     ports), then call ``dma.start()`` once the reset is released.
@@ -62,10 +63,8 @@ class Host:
             self.mem = self.dma = RtlHostMemory(dut, f"{prefix}_", cfg, mirror=mirror)
             base, size = cfg.host.rtl_mem_base, cfg.host.rtl_mem_bytes
         self.mmio = MmioDriver(dut, f"{prefix}_mmio_")
-        self.events = getattr(dut, f"{prefix}_cqe_events")
-        # how a waiter learns that a CQ was written: the Python host's and the mirrored RTL
-        # host's DMA writes (on_write) or, unmirrored, the host's event line
-        self.use_events = self.kind == "rtl" and not mirror
+        # how a waiter learns that a CQ was written: the host's DMA writes (on_write), which
+        # the unmirrored RTL host reports for CQE writes only (from its event line)
         self._cq_written = Event()
         self._cq_pages, self._cq_known = set(), 0
         self.dma.on_write = self._on_write
@@ -94,19 +93,14 @@ class Host:
         deadline = now_ns() + timeout_ns
         while True:
             self._cq_written.clear()
-            seen = int(self.events.value)
             wcs += await cq.poll_cq(n - len(wcs))
             if len(wcs) >= n:
                 return wcs
             left = deadline - now_ns()
             if left <= 0:
                 raise TimeoutError(f"{len(wcs)} of {n} completions after {timeout_ns} ns")
-            timer = Timer(max(1, int(left * 1000)), "ps")
-            if self.use_events:
-                if int(self.events.value) == seen:
-                    await First(ValueChange(self.events), timer)
-            elif not self._cq_written.is_set():
-                await First(self._cq_written.wait(), timer)
+            if not self._cq_written.is_set():
+                await First(self._cq_written.wait(), Timer(max(1, int(left * 1000)), "ps"))
 
     async def read_counters(self):
         from hw.regmap import Counter

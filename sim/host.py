@@ -313,9 +313,15 @@ class RtlHostMemory:
     ``read`` is synchronous (the shadow), ``write`` a coroutine (through the CPU port).
     The window is ``[base, base + size)``; writes outside it are refused with ValueError.
 
-    ``mirror=False`` keeps no shadow and does not follow the write tap (Python then never
-    wakes for the NIC's writes: full-speed runs): ``read`` returns a coroutine that reads
-    the real memory through the CPU port.
+    ``mirror=False`` does not follow the write tap (Python then never wakes for the NIC's
+    DMA writes: full-speed runs): ``read`` returns a coroutine that reads the real memory
+    through the CPU port, except inside the ranges given to :meth:`watch` (the verbs layer
+    watches its CQ rings). Those the shadow keeps current from the host's event line: at
+    each step of ``cqe_events`` (one per CQE write, which the NIC marks ``th``) the write
+    tap holds that very write, so one wake-up and one read of the tap bring the CQE into
+    the shadow, and ``on_write`` is called for it; ``read`` is then synchronous there. (The
+    NIC writes a CQ ring with CQE writes only, the host CPU through :meth:`write`, which
+    updates the shadow too.) ``events`` counts those wake-ups.
     """
 
     def __init__(self, dut, prefix, cfg, *, mirror=True):
@@ -335,17 +341,27 @@ class RtlHostMemory:
         self.hdr_codec = LayoutCodec(TLP_DOWN_HDR)
         self.W = cfg.nic.data_bytes
         self.req_bytes = cfg.nic.max_payload + self.W
+        self.event_count = getattr(dut, prefix + "cqe_events")
         self.write_log = self.on_write = None
-        self.writes = self.cpu_writes = self.wakeups = 0
+        self.writes = self.cpu_writes = self.cpu_reads = self.wakeups = self.events = 0
+        self._watched = []          # [(lo, hi)] read from the shadow when not mirroring
         from cocotb.triggers import Lock
         self._lock = Lock()
         self._task = None
 
     def start(self):
-        """Start mirroring the write tap (once the design is out of reset)."""
+        """Start mirroring the write tap, or following the event line (once the design is
+        out of reset)."""
         import cocotb
-        if self.mirror:
-            self._task = cocotb.start_soon(self._tap_loop())
+        self._task = cocotb.start_soon(self._tap_loop() if self.mirror else self._event_loop())
+
+    def watch(self, addr, n):
+        """Keep ``[addr, addr + n)`` (a CQ ring) in the shadow from the event line."""
+        self._check(addr, n)
+        self._watched.append((addr, addr + n))
+
+    def _is_watched(self, addr, n):
+        return any(lo <= addr and addr + n <= hi for lo, hi in self._watched)
 
     def _check(self, addr, n):
         if not (self.base <= addr and addr + n <= self.base + self.size):
@@ -353,7 +369,7 @@ class RtlHostMemory:
                              f"memory [{self.base:#x}, {self.base + self.size:#x})")
 
     def read(self, addr, n):
-        if not self.mirror:
+        if not self.mirror and not self._is_watched(addr, n):
             return self.readback(addr, n)
         return self.shadow.read(addr, n)
 
@@ -368,7 +384,7 @@ class RtlHostMemory:
                 self.cpu_writes += 1
             # done when the RTL host has written the last chunk
             await self.cpu.wait_taken()
-        if self.mirror:
+        if self.mirror or self._watched:
             self.shadow.write(addr, data)
 
     async def readback(self, addr, n):
@@ -379,9 +395,37 @@ class RtlHostMemory:
             for off in range(0, n, 64):
                 k = min(64, n - off)
                 await self.cpu.put(self.cpu_codec.encode(we=0, addr=addr + off, len=k, data=0))
+                self.cpu_reads += 1
                 v = await self.rdata.get()
                 out += v.to_bytes(64, "little")[:k]
         return bytes(out)
+
+    def _tapped(self):
+        """``(addr, bytes)`` of the MWr the write tap holds."""
+        v = int(self.tap.value)
+        hdr = self.hdr_codec.decode(self.tap_codec.get(v, "hdr"))
+        a, n = hdr["addr"], hdr["len"]
+        words = self.tap_codec.get(v, "data").to_bytes(self.req_bytes, "little")
+        off = a % self.W
+        return a, words[off:off + n]
+
+    async def _event_loop(self):
+        seen = int(self.event_count.value)
+        while True:
+            await wait_change(self.event_count)
+            now = int(self.event_count.value)
+            if now == seen:
+                continue
+            if (now - seen) & 0xFFFFFFFF != 1:
+                raise AssertionError(f"event line: {now - seen} CQE writes in one step, "
+                                     f"expected 1")
+            seen = now
+            self.events += 1
+            a, data = self._tapped()
+            if self.base <= a and a + len(data) <= self.base + self.size:
+                self.shadow.write(a, data)
+                if self.on_write is not None:
+                    self.on_write(a, len(data))
 
     async def _tap_loop(self):
         seen = int(self.tap_count.value)

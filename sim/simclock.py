@@ -6,9 +6,11 @@ Two kinds of Verilator build (sim/verilator.py):
   starts a cocotb ``Clock`` on it, as ``sim.host.start_clock_and_reset`` does;
 * in-simulation clock, ``build(top, name, clock=InternalClock("clk", period_ps))`` (or
   ``clock=("clk", period_ps)``): a generated Verilog wrapper toggles ``clk`` with
-  ``#``-delays (Verilator ``--timing``), so no Python runs per cycle. The wrapper holds the
-  VPI-visible constants ``simclock_period_ps`` and ``simclock_compat``;
-  :func:`start_clock_and_reset` finds them and only pulses the reset.
+  ``#``-delays (Verilator ``--timing``), or, for a plain clock (``compat=False``), the
+  build's own C++ main loop toggles it (``engine="cxx"``, the default there:
+  sim/simclock_main.py), so no Python runs per cycle. The wrapper holds the VPI-visible
+  constants ``simclock_period_ps`` and ``simclock_compat``; :func:`start_clock_and_reset`
+  finds them and only pulses the reset.
 
 Usage inside a cocotb test::
 

@@ -713,6 +713,9 @@ class Context:
         if cqn >= self.cfg.n_cqs:
             raise ValueError(f"completion queues: at most n_cqs={self.cfg.n_cqs} per context")
         base = self.alloc(depth * CQE_BYTES, align=4096)
+        watch = getattr(self.mem, "watch", None)
+        if watch is not None:      # a memory that keeps CQ rings current from the event line
+            watch(base, depth * CQE_BYTES)
         await _maybe_await(self.mem.write(base, bytes(depth * CQE_BYTES)))
         cq = CompletionQueue(self, cqn, depth, base)
         await self.command(Cmd.SET_CQ, cqn,

@@ -1,9 +1,10 @@
 """In-simulation clock (sim/verilator.py ``clock=``, sim/simclock.py) and raw C++ speed runs
 (sim/rawsim.py), on the Ticker design of tests/cocotb/tb_simclock.py.
 
-The Ticker is built three ways: classic (cocotb ``Clock``), ``InternalClock(compat=True)``
-and ``InternalClock(compat=False)``; the same cocotb tests run on each with the expectations
-of its kind. The idle rate each run measures is printed, not checked.
+The Ticker is built four ways: classic (cocotb ``Clock``), ``InternalClock(compat=True)``
+and ``InternalClock(compat=False)`` with each engine (the C++ main loop toggling the clock,
+the default, and Verilog delays under ``--timing``); the same cocotb tests run on each with
+the expectations of its kind (both plain engines: the same). The idle rate each run measures is printed, not checked.
 
 The host side's cocotb tests (tests/cocotb/tb_host.py) also run on the CopySystem design
 (tests/cocotb/copy_system.py) built with a plain in-simulation clock, for both host kinds.
@@ -27,7 +28,8 @@ HOST_TESTS = {"test_random_copies", "test_read_after_write", "test_bandwidth", "
               "test_idle_rate", "test_failed_read"}
 NAME = "simclock_ticker"
 CLOCKS = {"cocotb": None, "compat": InternalClock("clk", PERIOD_PS),
-          "plain": InternalClock("clk", PERIOD_PS, compat=False)}
+          "plain": InternalClock("clk", PERIOD_PS, compat=False),
+          "plain_timing": InternalClock("clk", PERIOD_PS, compat=False, engine="timing")}
 
 
 @pytest.mark.parametrize("mode", list(CLOCKS))
@@ -36,7 +38,9 @@ def test_simclock_on_verilator(mode, tmp_path):
     assert info.clock == CLOCKS[mode]
     assert ("clk" in info.ports) == (mode == "cocotb")
     out = tmp_path / "idle.json"
-    result = run(info, TB, extra_env={"SIMCLOCK_MODE": mode, "RESULTS_FILE": str(out),
+    # the two engines of a plain clock must look the same to a testbench
+    result = run(info, TB, extra_env={"SIMCLOCK_MODE": mode.split("_")[0],
+                                      "RESULTS_FILE": str(out),
                                       "IDLE_CYCLES": "200000"})
     assert result.passed
     assert {t.name for t in result.tests} == TB_TESTS
@@ -71,8 +75,9 @@ def test_host_side_on_internal_clock(kind):
 
 def test_clock_option_changes_the_hash():
     hashes = {build_hash(Ticker(), NAME, clock=c)
-              for c in (None, ("clk", 4000), ("clk", 4001), ("clk", 4000, False))}
-    assert len(hashes) == 4
+              for c in (None, ("clk", 4000), ("clk", 4001), ("clk", 4000, False),
+                        ("clk", 4000, False, "timing"))}
+    assert len(hashes) == 5
     assert build_hash(Ticker(), NAME, clock=("clk", 4000)) == \
         build_hash(Ticker(), NAME, clock=InternalClock("clk", 4000))
     assert build_hash(Ticker(), NAME) == build_hash(Ticker(), NAME, clock=None)
@@ -101,9 +106,21 @@ def test_wrapper_verilog():
     assert f'public_flat_rw -module "{NAME}" -var "step"' in vlt
     assert f'public_flat_rw -module "{NAME}_core" -var "count"' in vlt   # top's own signal
     assert 'public_flat_rw -module "x" -var "y"' in vlt
-    plain, _, _, _ = _prepare(Ticker(), NAME, clock=InternalClock("clk", 4001, compat=False))
+    plain, _, plain_args, _ = _prepare(Ticker(), NAME,
+                                       clock=InternalClock("clk", 4001, compat=False,
+                                                           engine="timing"))
     assert "simclock__" not in plain and ".clk(clk)" in plain
     assert "#2001ps clk = 1'b1;" in plain and "#2000ps clk = 1'b0;" in plain   # low, high
+    assert "--timing" in plain_args
+    # engine cxx: clk is an input of the wrapper (the C++ loop drives it), no delays
+    cxx, cxx_vlt, cxx_args, _ = _prepare(Ticker(), NAME,
+                                         clock=InternalClock("clk", 4001, compat=False))
+    top = re.search(rf"^module {NAME}\(([^)]*)\);", cxx, re.MULTILINE)
+    assert [p.strip() for p in top.group(1).split(",")] == core_ports
+    assert "  input clk;" in cxx and "#" not in cxx.split(f"module {NAME}_core")[0]
+    assert "--timing" not in cxx_args
+    assert f'public_flat_rd -module "{NAME}" -var "clk"' in cxx_vlt
+    assert f'public_flat_rw -module "{NAME}" -var "clk"' not in cxx_vlt
     classic, _, classic_args, _ = _prepare(Ticker(), NAME)
     assert "--timing" not in classic_args and "_core" not in classic
 
@@ -119,6 +136,12 @@ def test_clock_option_errors():
         InternalClock("clk", 4)
     with pytest.raises(TypeError):
         _prepare(Ticker(), NAME, clock=4000)
+    with pytest.raises(ValueError, match="engine must be one of 'timing', 'cxx', not 'c'"):
+        InternalClock("clk", 4000, compat=False, engine="c")
+    with pytest.raises(ValueError, match="engine 'cxx' needs compat=False"):
+        InternalClock("clk", 4000, engine="cxx")
+    assert InternalClock("clk", 4000).engine == "timing"
+    assert InternalClock("clk", 4000, compat=False).engine == "cxx"
     assert InternalClock.from_mhz(250) == InternalClock("clk", 4000)
     assert InternalClock.from_mhz(322.265625).period_ps == 3103
 

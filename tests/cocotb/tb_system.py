@@ -475,8 +475,9 @@ async def test_blueflame(dut):
 @cocotb.test(skip=CFG.host.kind != "rtl")
 async def test_unmirrored_event_line(dut):
     """The RTL host without a Python copy of its memory (full-speed mode): completions are
-    awaited on the host's event line only, Python reads through the CPU port, and it never
-    wakes for the NIC's DMA writes."""
+    awaited on the host's event line only, which brings each CQE into Python's copy of the
+    CQ rings (so polling reads nothing through the CPU port); Python reads other memory
+    through the CPU port and never wakes for the NIC's other DMA writes."""
     sysm = await TwoNodes.start(dut, CFG, mirror=False, seed=SEED)
     a, b = await sysm.pair()
     la, lk, ra, rk = a["buf"], a["mr"].lkey, b["buf"], b["mr"].rkey
@@ -487,6 +488,7 @@ async def test_unmirrored_event_line(dut):
     wcs = await sysm.a.wait_completions(a["cq"], 2)
     assert [(w.wr_id, WcStatus(w.status)) for w in wcs] == [(1, WcStatus.SUCCESS),
                                                              (2, WcStatus.SUCCESS)]
+    assert sysm.a.mem.cpu_reads == 0 and sysm.a.mem.events == 2 and sysm.b.mem.events == 0
     assert await sysm.b.mem.readback(ra, 1024) == data
     assert await sysm.a.mem.readback(la + 2048, 512) == data[256:768]
     assert sysm.a.mem.wakeups == 0 and sysm.a.mem.writes == 0
