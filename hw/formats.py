@@ -274,29 +274,43 @@ def header_bytes(opcode):
 # ---------------------------------------------------------------------------------------
 # Python helpers for host-side models: the same layouts as bytes.
 
+_FIELDS = {}
+
+
+def _fields(layout):
+    """``{name: (offset, width)}`` of a layout (computed once per layout object)."""
+    hit = _FIELDS.get(id(layout))
+    if hit is None or hit[0] is not layout:
+        hit = (layout, {name: (f.offset, Shape.cast(f.shape).width) for name, f in layout},
+               (layout.size + 7) // 8)
+        _FIELDS[id(layout)] = hit
+    return hit[1], hit[2]
+
+
 def pack(layout, **fields):
     """Bytes (little-endian, as stored in host memory) of a layout with the given fields.
 
     Unknown field names and values that do not fit raise ``ValueError``.
     """
+    known, nbytes = _fields(layout)
     value = 0
     for name, val in fields.items():
         try:
-            f = layout[name]
+            offset, width = known[name]
         except KeyError:
-            raise ValueError(f"{name!r} is not a field; fields are {[n for n, _ in layout]}") from None
+            raise ValueError(f"{name!r} is not a field; fields are {list(known)}") from None
         val = int(val.value if hasattr(val, "value") else val)
-        width = Shape.cast(f.shape).width
         if not 0 <= val < (1 << width):
             raise ValueError(f"{name} must be in [0, {(1 << width) - 1}], not {val}")
-        value |= val << f.offset
-    return value.to_bytes((layout.size + 7) // 8, "little")
+        value |= val << offset
+    return value.to_bytes(nbytes, "little")
 
 
 def unpack(layout, raw):
     """Dict of field name to integer from the bytes of a layout."""
     value = int.from_bytes(bytes(raw), "little")
-    return {name: (value >> f.offset) & ((1 << Shape.cast(f.shape).width) - 1) for name, f in layout}
+    return {name: (value >> off) & ((1 << width) - 1)
+            for name, (off, width) in _fields(layout)[0].items()}
 
 
 # ---------------------------------------------------------------------------------------

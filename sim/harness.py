@@ -63,10 +63,11 @@ class Host:
             self.mem = self.dma = RtlHostMemory(dut, f"{prefix}_", cfg, mirror=mirror)
             base, size = cfg.host.rtl_mem_base, cfg.host.rtl_mem_bytes
         self.mmio = MmioDriver(dut, f"{prefix}_mmio_")
-        # how a waiter learns that a CQ was written: the host's DMA writes (on_write), which
-        # the unmirrored RTL host reports for CQE writes only (from its event line)
-        self._cq_written = Event()
-        self._cq_pages, self._cq_known = set(), 0
+        # how a waiter learns that its CQ was written: the host's DMA writes (on_write),
+        # which the unmirrored RTL host reports for CQE writes only (from its event line);
+        # one Event per CQ, so that a CQE wakes only the threads waiting on that CQ
+        self._cq_events = {}
+        self._cq_by_page, self._cq_known = {}, 0
         self.dma.on_write = self._on_write
         self.ctx = verbs.Context(self.mmio, self.mem, cfg.nic, node_id,
                                  doorbell_policy=doorbell_policy, host_base=base, host_size=size,
@@ -81,26 +82,40 @@ class Host:
     def _on_write(self, addr, n):
         if len(self.ctx.cqs) != self._cq_known:
             self._cq_known = len(self.ctx.cqs)
-            self._cq_pages = {p for cq in self.ctx.cqs.values()
-                              for p in range(cq.base >> 12,
-                                             ((cq.base + cq.depth * CQE_BYTES - 1) >> 12) + 1)}
-        if addr >> 12 in self._cq_pages or (addr + n - 1) >> 12 in self._cq_pages:
-            self._cq_written.set()
+            self._cq_by_page = {}
+            for cq in self.ctx.cqs.values():
+                for p in range(cq.base >> 12, ((cq.base + cq.depth * CQE_BYTES - 1) >> 12) + 1):
+                    self._cq_by_page.setdefault(p, []).append(cq)
+        for p in {addr >> 12, (addr + n - 1) >> 12}:
+            for cq in self._cq_by_page.get(p, ()):
+                if addr < cq.base + cq.depth * CQE_BYTES and cq.base < addr + n:
+                    ev = self._cq_events.get(cq.cqn)
+                    if ev is not None:
+                        ev.set()
 
     async def wait_completions(self, cq, n, timeout_ns=1_000_000):
-        """Poll ``cq`` until ``n`` completions arrived; woken only by writes into CQ rings."""
+        """Poll ``cq`` until ``n`` completions arrived; woken only by writes into its ring.
+
+        ``timeout_ns=None`` waits without a timer (for loops bounded otherwise, such as
+        a cocotb test's ``timeout_time``: one Timer fewer per wait)."""
         wcs = []
-        deadline = now_ns() + timeout_ns
+        deadline = None if timeout_ns is None else now_ns() + timeout_ns
+        ev = self._cq_events.get(cq.cqn)
+        if ev is None:
+            ev = self._cq_events[cq.cqn] = Event()
         while True:
-            self._cq_written.clear()
+            ev.clear()
             wcs += await cq.poll_cq(n - len(wcs))
             if len(wcs) >= n:
                 return wcs
+            if deadline is None:
+                await ev.wait()
+                continue
             left = deadline - now_ns()
             if left <= 0:
                 raise TimeoutError(f"{len(wcs)} of {n} completions after {timeout_ns} ns")
-            if not self._cq_written.is_set():
-                await First(self._cq_written.wait(), Timer(max(1, int(left * 1000)), "ps"))
+            if not ev.is_set():
+                await First(ev.wait(), Timer(max(1, int(left * 1000)), "ps"))
 
     async def read_counters(self):
         from hw.regmap import Counter

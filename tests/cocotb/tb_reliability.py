@@ -121,7 +121,11 @@ async def run_lossy(dut, ops, loss, seed=SEED):
         done += len(batch)
         # every work request completes exactly once with the reference model's status,
         # memory equals the reference (scoreboard)
-        await sb.check(timeout_ns=50_000_000)
+        try:
+            await sb.check(timeout_ns=50_000_000)
+        except Exception:
+            await _log_counters(dut, sysm, links, f"failed after {done} WRs, loss {loss}")
+            raise
     # exactly-once atomics on the shared counters
     for target, lst in adds.items():
         for c in range(N_COUNTERS):
@@ -130,14 +134,19 @@ async def run_lossy(dut, ops, loss, seed=SEED):
             assert value == len(mine), f"counter {c}: {value} after {len(mine)} adds"
             got = sorted(src_h.mem.read_int(slot) for src_h, slot in mine)
             assert got == list(range(len(mine))), f"counter {c}: adds returned {got[:20]}..."
+    await _log_counters(dut, sysm, links, f"{done} WRs, loss {loss}")
+
+
+async def _log_counters(dut, sysm, links, what):
     ca, cb = await sysm.a.read_counters(), await sysm.b.read_counters()
     fc = [lf.counters() for lf in links]
-    dut._log.info(f"lossy random: {done} WRs, loss {loss}: faults {fc}; retransmits "
+    dut._log.info(f"lossy random: {what}: faults {fc}; retransmits "
                   f"{ca['RETRANSMITS'] + cb['RETRANSMITS']}, timeouts "
                   f"{ca['ACK_TIMEOUTS'] + cb['ACK_TIMEOUTS']}, duplicates "
                   f"{ca['DUPLICATES'] + cb['DUPLICATES']}, atomic replays "
                   f"{ca['ATOMIC_REPLAYS'] + cb['ATOMIC_REPLAYS']}, ICRC drops "
-                  f"{ca['RX_DROP_ICRC'] + cb['RX_DROP_ICRC']}")
+                  f"{ca['RX_DROP_ICRC'] + cb['RX_DROP_ICRC']}, retry exceeded "
+                  f"{ca['RETRY_EXCEEDED'] + cb['RETRY_EXCEEDED']}")
     if loss > 0:
         assert sum(f["n_lost"] for f in fc) > 0 and sum(f["n_corrupted"] for f in fc) > 0
         assert ca["RETRANSMITS"] + cb["RETRANSMITS"] > 0
