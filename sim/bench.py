@@ -5,7 +5,8 @@ For one preset (``connectx6`` unless ``PRESET=...``) it measures, on the same de
 * ``raw``: the RTL-host system in a C++ main loop (sim/rawsim.py: no cocotb, no VPI, inputs
   held at 0, so the system idles): the ceiling;
 * ``idle``: the RTL-host system under cocotb with an in-simulation clock
-  (``InternalClock(compat=False)``, sim/verilator.py), reset, then one Timer;
+  (``InternalClock(compat=False)``, sim/verilator.py: toggled by the build's C++ main loop,
+  no ``--timing``), reset, then one Timer;
 * ``loaded_python`` / ``loaded_rtl``: sim/tb_bench.py's steady load (4 QP pairs x 8 READs
   and WRITEs in flight) at 8-byte and at 4 KB operations, with the Python host (Python serves
   every TLP) and with the RTL host (Python posts work requests and waits on the CQE event
@@ -57,7 +58,8 @@ def measure(name, cycles):
     s = {"preset": name, "commit": git_commit(), "date": str(datetime.date.today()),
          "machine": f"{platform.machine()}, {os.cpu_count()} cores",
          "build": {"verilator_args": list(DEFAULT_ARGS), "cxx_opt": "-Os (verilated.mk default)",
-                   "threads": 1, "clock": "in-simulation, plain"},
+                   "threads": 1,
+                   "clock": "in-simulation, plain, toggled by the C++ main loop (engine cxx)"},
          "cycles": cycles, "raw_cycles_per_s": raw.cycles_per_s}
     with tempfile.TemporaryDirectory() as tmp:
         for kind, cfg in cfgs.items():

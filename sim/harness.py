@@ -75,9 +75,7 @@ class Host:
 
     async def write_mem(self, addr, data):
         """Write host memory as the host CPU (both kinds)."""
-        r = self.mem.write(addr, data)
-        if r is not None:
-            await r
+        await verbs._maybe_await(self.mem.write(addr, data))
 
     def _on_write(self, addr, n):
         if len(self.ctx.cqs) != self._cq_known:
