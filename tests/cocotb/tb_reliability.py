@@ -134,19 +134,7 @@ async def run_lossy(dut, ops, loss, seed=SEED):
             assert value == len(mine), f"counter {c}: {value} after {len(mine)} adds"
             got = sorted(src_h.mem.read_int(slot) for src_h, slot in mine)
             assert got == list(range(len(mine))), f"counter {c}: adds returned {got[:20]}..."
-    await _log_counters(dut, sysm, links, f"{done} WRs, loss {loss}")
-
-
-async def _log_counters(dut, sysm, links, what):
-    ca, cb = await sysm.a.read_counters(), await sysm.b.read_counters()
-    fc = [lf.counters() for lf in links]
-    dut._log.info(f"lossy random: {what}: faults {fc}; retransmits "
-                  f"{ca['RETRANSMITS'] + cb['RETRANSMITS']}, timeouts "
-                  f"{ca['ACK_TIMEOUTS'] + cb['ACK_TIMEOUTS']}, duplicates "
-                  f"{ca['DUPLICATES'] + cb['DUPLICATES']}, atomic replays "
-                  f"{ca['ATOMIC_REPLAYS'] + cb['ATOMIC_REPLAYS']}, ICRC drops "
-                  f"{ca['RX_DROP_ICRC'] + cb['RX_DROP_ICRC']}, retry exceeded "
-                  f"{ca['RETRY_EXCEEDED'] + cb['RETRY_EXCEEDED']}")
+    ca, cb, fc = await _log_counters(dut, sysm, links, f"{done} WRs, loss {loss}")
     if loss > 0:
         assert sum(f["n_lost"] for f in fc) > 0 and sum(f["n_corrupted"] for f in fc) > 0
         assert ca["RETRANSMITS"] + cb["RETRANSMITS"] > 0
@@ -158,6 +146,20 @@ async def _log_counters(dut, sysm, links, what):
         assert corrupted <= icrc <= corrupted + sum(f["n_dup"] for f in fc), (icrc, fc)
     assert ca["RETRY_EXCEEDED"] + cb["RETRY_EXCEEDED"] == 0
     return sysm, sb
+
+
+async def _log_counters(dut, sysm, links, what):
+    """Log the fault and transport counters; returns both nodes' counters and the links'."""
+    ca, cb = await sysm.a.read_counters(), await sysm.b.read_counters()
+    fc = [lf.counters() for lf in links]
+    dut._log.info(f"lossy random: {what}: faults {fc}; retransmits "
+                  f"{ca['RETRANSMITS'] + cb['RETRANSMITS']}, timeouts "
+                  f"{ca['ACK_TIMEOUTS'] + cb['ACK_TIMEOUTS']}, duplicates "
+                  f"{ca['DUPLICATES'] + cb['DUPLICATES']}, atomic replays "
+                  f"{ca['ATOMIC_REPLAYS'] + cb['ATOMIC_REPLAYS']}, ICRC drops "
+                  f"{ca['RX_DROP_ICRC'] + cb['RX_DROP_ICRC']}, retry exceeded "
+                  f"{ca['RETRY_EXCEEDED'] + cb['RETRY_EXCEEDED']}")
+    return ca, cb, fc
 
 
 @cocotb.test()
