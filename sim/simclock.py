@@ -75,8 +75,8 @@ two-node system, ``small``      145 k        132 k        232 k         262 k
 The plain clock's C++ engine (``engine="cxx"``, the default since d30b089; the table's
 "in-sim, plain" column is the ``--timing`` engine) on the Ticker at d30b089
 (tests/test_simclock.py, one other job on the 2 cores): 2.42-2.64 M cycles/s against
-1.71-2.22 M for the ``--timing`` engine; on the ``connectx6`` system it removed the 30 % by
-which cocotb's idle rate fell short of the raw loop (docs/performance.md).
+1.71-2.22 M for the ``--timing`` engine; on the ``connectx6`` system about 10 % faster, and
+cocotb's idle rate with it within a few per cent of the raw loop (docs/performance.md).
 
 Before b468a0d (CRC from a ROM), at 4ecc05b, the small system ran at 48-50 k (cocotb
 ``Clock``), 37-42 k (compat), 80 k (plain) and 85 k cycles/s (raw).
