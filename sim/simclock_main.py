@@ -11,9 +11,9 @@ time the loop sets the clock after cocotb's timed callbacks and right before the
 which is where a ``--timing`` build's delay-driven clock changes (so both engines show a
 testbench the same values; tests/test_simclock.py runs the same checks on both).
 
-Why: with ``--timing`` Verilator's scheduler runs the whole design through its timing
-regions every half period; on the ``connectx6`` system that cost about 30 % of the raw
-C++ loop's speed with no Python acting at all (docs/performance.md). Times are in the
+Why: with ``--timing`` Verilator's scheduler runs its timing regions every half period;
+on the ``connectx6`` system the C++ loop's build idles about 10 % faster (alternating
+runs, docs/performance.md). Times are in the
 build's time precision (ps: the runner passes ``--timescale 1ns/1ps``).
 """
 

@@ -339,7 +339,7 @@ def _clock_wrapper(core_text, name, clock):
     conn = {p: _vid(p) for p in ports}
     lo, hi, period = clock.low_ps, clock.high_ps, clock.period_ps
     if cxx:
-        pass
+        pass                    # driven from C++: no process in the wrapper
     elif not clock.compat:
         lines += ["  initial begin",
                   f"    {c} = 1'b0;",
@@ -497,8 +497,8 @@ def build(top, name, *, ports=None, public=(), cache_root="build/verilator", ext
     clock = _as_clock(clock)
     text, vlt, args, digest = _prepare(top, name, ports=ports, public=public,
                                        extra_args=extra_args, waves=waves, clock=clock)
-    port_names = [p for p in _verilog_ports(text, name)
-                  if clock is None or clock.engine != "cxx" or p != clock.port]
+    # (the cxx wrapper has the clock as an input, driven from C++, not by a testbench)
+    port_names = [p for p in _verilog_ports(text, name) if clock is None or p != clock.port]
 
     cache_root = _resolve(cache_root)
     build_dir = cache_root / f"{name}-{digest}"
