@@ -114,7 +114,12 @@ QP event, when no batch of the QP is in flight and the response FSM is not worki
 count and fence are cleared, and the WQEs are fetched again from the send queue (the host may
 not reuse a slot before its completion), so every message keeps its PSNs and the responder
 sees what it already executed as duplicates. A rewound READ asks only for the response
-packets it does not have yet (PSN, VA and length advanced). ``retry_cnt`` counts timeouts and
+packets it does not have yet (PSN, VA and length advanced); a rewound WRITE/SEND starts at
+the PSN of the NAK that showed the responder inside it (MIDDLE/LAST packets, payload from
+that offset: go-back-N (9.7.6.1.4) resends from the PSN the NAK carries, as Linux
+rxe's ``retry_first_write_send`` does). Later NAKs of the same gap are ignored, but one
+that shows the responder further inside the head message is taken even while a
+retransmission is under way (it is about the retransmitted packets). ``retry_cnt`` counts timeouts and
 sequence NAKs without progress, ``rnr_retry`` RNR NAKs (7 = infinite); both are reset by
 progress (a completed message, an accepted READ response packet, a NAK that shows the
 responder inside a WRITE/SEND). When one is exhausted the oldest message completes with
@@ -168,7 +173,8 @@ TRACKER_ENTRY = data.StructLayout({
     "opcode": 3,          # WrOpcode, 7 = unknown
     "signaled": 1,
     "status": 5,          # WcStatus
-    "rcv": 16,            # READ: response packets received so far (they must come in order)
+    "rcv": 16,            # READ: response packets received so far (they must come in order);
+                          # WRITE/SEND: packets a PSN sequence NAK showed the responder to have
 })
 
 STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
@@ -545,9 +551,15 @@ class Requester(wiring.Component):
         with m.Elif((wqe.length != 0) & ~mr_ok):
             m.d.comb += loc_status.eq(WcStatus.LOC_PROT_ERR.value)
 
-        # the head READ of a rewound QP: request only the responses still missing
+        # the head message of a rewound QP: a READ requests only the responses still
+        # missing, a WRITE/SEND starts at the first packet the responder does not have
         resume = Signal()
-        m.d.comb += resume.eq(is_read & (fi[cur] == ci[cur]) & (rs_skip[cur] != 0))
+        m.d.comb += resume.eq((is_read | (known & ~is_read & ~is_atomic))
+                              & (fi[cur] == ci[cur]) & (rs_skip[cur] != 0))
+        resume_ws = Signal()        # resume inside a WRITE/SEND: MIDDLE/LAST packets
+        m.d.comb += resume_ws.eq(resume & ~is_read)
+        rs_bytes = Signal(32)
+        m.d.comb += rs_bytes.eq(rs_skip[cur] << mtu_bits)
         # number of PSNs the message uses
         npkts = Signal(24)
         m.d.comb += npkts.eq(Mux(is_atomic | (wqe.length == 0), 1,
@@ -666,6 +678,13 @@ class Requester(wiring.Component):
         ack_covers = Signal()
         m.d.comb += ack_covers.eq(Mux(is_ack & ~is_nak, psn_le(rent.last_psn, rxm.psn),
                                       psn_le(rent.last_psn, rxm.psn) & (rent.last_psn != rxm.psn)))
+        # a PSN sequence NAK inside the head WRITE/SEND: the packets the responder has
+        nak_off = Signal(24)
+        m.d.comb += nak_off.eq(rxm.psn - rent.first_psn)
+        nak_more = Signal()          # ... more of them than the tracker knows
+        m.d.comb += nak_more.eq(head_ws & psn_le(rent.first_psn, rxm.psn)
+                                & psn_le(rxm.psn, rent.last_psn)
+                                & (nak_off > rent.rcv) & (nak_off < (1 << 16)))
         rx_off = Signal(64)
         m.d.comb += rx_off.eq(((rxm.psn - rent.first_psn)[:24]) << mtu_bits)
         rresp_in = Signal()          # a response packet of the head READ
@@ -890,7 +909,10 @@ class Requester(wiring.Component):
                         m.next = "SET_ERR"
                 with m.Else():
                     m.d.comb += [tx_kick.eq(1), rw_rst_rd.eq(1), self.stat_retransmit.eq(1)]
-                    m.d.sync += rs_skip[cur].eq(Mux((ent.opcode == WrOpcode.RDMA_READ.value)
+                    # a READ: the response packets received; a WRITE/SEND: the packets a
+                    # PSN sequence NAK showed the responder to have (go-back-N resends
+                    # from the PSN in the NAK)
+                    m.d.sync += rs_skip[cur].eq(Mux((ent.opcode <= WrOpcode.RDMA_READ.value)
                                                     & (ent.status == 0), ent.rcv, 0))
                     m.d.sync += [
                         fi[cur].eq(ci[cur]), tail[cur].eq(head[cur]), npsn[cur].eq(ent.first_psn),
@@ -1009,12 +1031,12 @@ class Requester(wiring.Component):
                         q_to[cur].eq(ctx.timeout),
                         q_retry[cur].eq(ctx.retry_cnt),
                         q_rnr[cur].eq(ctx.rnr_retry),
-                        seg_left.eq(wqe.length),
-                        seg_addr.eq(wqe.local_addr),
+                        seg_left.eq(wqe.length - Mux(resume_ws, rs_bytes, 0)),
+                        seg_addr.eq(wqe.local_addr + Mux(resume_ws, rs_bytes, 0)),
                         seg_psn.eq(npsn[cur] + Mux(resume, rs_skip[cur], 0)),
-                        skip_bytes.eq(Mux(resume, rs_skip[cur] << mtu_bits, 0)),
+                        skip_bytes.eq(Mux(resume & is_read, rs_bytes, 0)),
                         rs_skip[cur].eq(0),
-                        seg_first.eq(1),
+                        seg_first.eq(~resume_ws),
                         meta_done.eq(0),
                         req_done.eq(0),
                     ]
@@ -1097,13 +1119,20 @@ class Requester(wiring.Component):
                     # PSN sequence error: go back to the oldest outstanding message (once
                     # per retransmission: later NAKs of the same gap are ignored)
                     m.d.comb += self.stat_nak_rx.eq(1)
-                    with m.If(rnonempty & ~rtx_started[rcur] & ~rnr_wait[rcur]):
+                    # A NAK that shows the responder further inside the head WRITE/SEND
+                    # than known is taken even during a retransmission: it is about the
+                    # retransmitted packets, not a second NAK of the gap already rewound.
+                    with m.If(rnonempty & (~rtx_started[rcur] | nak_more) & ~rnr_wait[rcur]):
                         # the responder got part of a WRITE/SEND (it expects a PSN inside
                         # the message): progress, not counted against retry_cnt
                         inside = head_ws & (rxm.psn != rent.first_psn)
                         m.d.sync += [rwd_pend[rcur].eq(1), rwd_cnt[rcur].eq(~inside)]
                         with m.If(inside):
                             m.d.sync += retry_used[rcur].eq(0)
+                        with m.If(nak_more):
+                            # the rewind resends from the NAK's PSN
+                            m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
+                                         rx_trk_data.rcv.eq(nak_off)]
                     m.next = "R_IDLE"
                 with m.Elif(is_rnr & (~rnonempty | rnr_wait[rcur])):
                     m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1)]

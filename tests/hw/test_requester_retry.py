@@ -176,15 +176,61 @@ def sent_psns(world):
 
 
 def test_psn_sequence_nak_goes_back_n():
-    """The WRITE's second packet (PSN 1) is lost: the next packet draws a PSN sequence NAK,
-    the requester sends again from the oldest outstanding message (PSN 0)."""
+    """The WRITE's second packet (PSN 1) is lost: the next packet draws a PSN sequence NAK
+    for PSN 1, and the requester sends again from there (the responder has PSN 0: the WRITE
+    resumes with its LAST packet and the payload from byte 256), then everything after it."""
     r = StrictResponder(lose={(0, 1): 1})
     world, ws, remote0 = go(r)
     check_all_succeeded(world, ws, remote0, r)
     psns = sent_psns(world)
-    assert psns.count(0) == 2 and psns.count(1) == 2
+    assert psns.count(0) == 1 and psns.count(1) == 2 and psns.count(2) == 2
     assert world.stats["stat_retransmit"] == 1 and world.stats["stat_timeout"] == 0
     assert world.stats["stat_nak_rx"] == 1
+    resent = [(m["opcode"], len(p)) for _, q, m, p in world.tx if m["psn"] == 1]
+    assert resent == [(B.WRITE_LAST.value, 300 - 256)] * 2
+
+
+def _write_packets(world, remote):
+    return [(m["psn"], B(m["opcode"]).name) for _, q, m, _ in world.tx
+            if q == 0 and m["opcode"] != B.READ_REQUEST.value]
+
+
+@pytest.mark.parametrize("kind", ["write", "send"])
+def test_nak_inside_message_resumes_there(kind):
+    """A 5-packet WRITE (SEND) loses PSN 2: it resumes at PSN 2 with MIDDLE packets (no RETH
+    on a resumed WRITE), the responder gets every byte once and in place."""
+    op = O.RDMA_WRITE if kind == "write" else O.SEND
+    ws = [wqe(op, 4 * 256 + 100, SIG, local=GOOD["base"], remote=0x800000)]
+    r = StrictResponder(lose={(0, 2): 1})
+    world, ws, remote0 = go(r, wqes=ws)
+    check_all_succeeded(world, ws, remote0, r)
+    first = "WRITE" if kind == "write" else "SEND"
+    assert _write_packets(world, None) == (
+        [(0, f"{first}_FIRST")] + [(p, f"{first}_MIDDLE") for p in (1, 2, 3)]
+        + [(4, f"{first}_LAST")] + [(2, f"{first}_MIDDLE"), (3, f"{first}_MIDDLE"),
+                                    (4, f"{first}_LAST")])
+    assert [p for q, p, _ in r.executed] == [0, 1, 2, 3, 4]
+    if kind == "write":
+        assert world.get(world.remote, 0x800000, 4 * 256 + 100) == \
+            world.get(world.host, GOOD["base"], 4 * 256 + 100)
+    assert world.stats["stat_timeout"] == 0 and world.stats["stat_retransmit"] == 1
+
+
+def test_second_nak_during_retransmission_is_taken():
+    """PSN 1 of a 6-packet WRITE is lost once and PSN 3 once more in the retransmission: the
+    second NAK (PSN 3) arrives while the requester is still retransmitting after the first
+    one. It shows the responder further inside the message, so the requester rewinds to
+    PSN 3 at once; before the fix it was ignored as a repeat of the first NAK and only the
+    local ACK timer (counted against retry_cnt) recovered."""
+    ws = [wqe(O.RDMA_WRITE, 5 * 256 + 10, SIG, local=GOOD["base"], remote=0x800000)]
+    r = StrictResponder(lose={(0, 1): 1, (0, 3): 1})
+    world, ws, remote0 = go(r, wqes=ws, qctx=dict(retry_cnt=0))
+    check_all_succeeded(world, ws, remote0, r)
+    assert world.stats["stat_nak_rx"] == 2 and world.stats["stat_retransmit"] == 2
+    assert world.stats["stat_timeout"] == 0
+    starts = [p for (p, name), (p0, _) in zip(_write_packets(world, None)[1:],
+                                              _write_packets(world, None)) if p <= p0]
+    assert starts == [1, 3]
 
 
 def test_ack_timeout_retransmits_the_tail():
