@@ -346,23 +346,55 @@ class Node:
         """
         if ranges is None:
             ranges = [(mr.base, mr.length) for mr in self.all_mrs]
-        skip = set()
-        for a, n in self.undefined:
-            skip.update(range(a, a + n))
+        undefined = _merge_intervals((a, a + n) for a, n in self.undefined)
         problems = []
         for base, n in sorted(set(ranges)):
             exp, act = self.read(base, n), bytes(read(base, n))
-            i = 0
-            while i < n:
-                if exp[i] != act[i] and base + i not in skip:
-                    j = i
-                    while j < n and exp[j] != act[j] and base + j not in skip:
-                        j += 1
-                    problems.append((base + i, exp[i:j], act[i:j]))
-                    i = j
-                else:
-                    i += 1
+            if exp == act:
+                continue
+            # compare the defined parts only; a run of differing bytes ends at an undefined one
+            for lo, hi in _subtract_intervals(base, base + n, undefined):
+                e, a = exp[lo - base:hi - base], act[lo - base:hi - base]
+                if e == a:
+                    continue
+                i, m = 0, hi - lo
+                while i < m:
+                    if e[i] != a[i]:
+                        j = i
+                        while j < m and e[j] != a[j]:
+                            j += 1
+                        problems.append((lo + i, e[i:j], a[i:j]))
+                        i = j
+                    else:
+                        i += 1
         return problems
+
+
+def _merge_intervals(intervals):
+    """Sorted, disjoint ``[lo, hi)`` intervals covering the given ones."""
+    out = []
+    for lo, hi in sorted(i for i in intervals if i[0] < i[1]):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return out
+
+
+def _subtract_intervals(lo, hi, holes):
+    """The parts of ``[lo, hi)`` outside the sorted, disjoint ``holes``."""
+    out = []
+    for a, b in holes:
+        if b <= lo:
+            continue
+        if a >= hi:
+            break
+        if a > lo:
+            out.append((lo, a))
+        lo = max(lo, b)
+    if lo < hi:
+        out.append((lo, hi))
+    return out
 
 
 @dataclass

@@ -464,3 +464,40 @@ def test_random_faa_and_write_read_consistency():
     assert all(c.status == S.SUCCESS for c in ca)
     assert p.a.read(A_BUF, 0x1000) == bytes(shadow_a)
     assert p.b.read(B_BUF, 0x1000) == bytes(shadow_b)
+
+
+def _naive_compare(exp_mem, act, base, n, undefined):
+    """compare_memory's rule written byte by byte: runs of differing defined bytes."""
+    skip = {a for lo, ln in undefined for a in range(lo, lo + ln)}
+    out, i = [], 0
+    while i < n:
+        if exp_mem[i] != act[i] and base + i not in skip:
+            j = i
+            while j < n and exp_mem[j] != act[j] and base + j not in skip:
+                j += 1
+            out.append((base + i, bytes(exp_mem[i:j]), bytes(act[i:j])))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def test_compare_memory_against_a_byte_by_byte_rule():
+    """Random differences and overlapping undefined ranges (runs cut by undefined bytes,
+    ranges touching the region's ends): the same problems as a byte-by-byte comparison."""
+    rng = random.Random(5)
+    for trial in range(40):
+        p = Pair()
+        n = 0x1000
+        exp = p.b.read(B_BUF, n)
+        real = bytearray(exp)
+        for _ in range(rng.randrange(0, 12)):
+            a = rng.randrange(n)
+            for k in range(a, min(n, a + rng.randrange(1, 40))):
+                real[k] = (real[k] + rng.randrange(1, 256)) % 256
+        undef = [(B_BUF + rng.randrange(-16, n), rng.randrange(1, 64))
+                 for _ in range(rng.randrange(0, 6))]
+        p.b.undefined.extend(undef)
+        probs = p.b.compare_memory(lambda a, m: bytes(real[a - B_BUF:a - B_BUF + m]),
+                                   ranges=[(B_BUF, n)])
+        assert probs == _naive_compare(exp, real, B_BUF, n, undef), trial
