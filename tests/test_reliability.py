@@ -5,19 +5,26 @@ Verilator with lossy links, scored against the reference model (tests/cocotb/tb_
 variants (100,000 work requests each) carry the ``slow`` marker: ``make test-slow``.
 """
 
+import functools
 import os
 
 import pytest
 
 from hw.config import preset
-from hw.system import TwoNodeSystem
-from sim.verilator import build, run
+from sim.experiment import build_system
+from sim.verilator import run
 
 SHORT_OPS = os.environ.get("TB_OPS", "10000")
 
 
+@functools.cache
+def _build():
+    # the build the experiments use (clock inside the simulation), converted once per session
+    return build_system(preset("small"), fast=True)
+
+
 def _run(testcase, **env):
-    info = build(TwoNodeSystem(preset("small")), "system_small")
+    info = _build()
     env = {"RNIC_PRESET": "small", "TB_SEED": "1", **env}
     res = run(info, "tests.cocotb.tb_reliability", extra_env=env, testcase=testcase, check=False)
     results = {t.name.split(".")[-1]: t for t in res.tests}

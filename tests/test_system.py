@@ -1,8 +1,10 @@
 """Integration tests: the two-node RTL system on Verilator, scored against the reference model.
 
-The system is built once per session (cached by a hash of its Verilog); the cocotb module
-tests/cocotb/tb_system.py runs every test case in one simulator process and each pytest
-test below reports one of them. The main run uses the Python host with completion
+The system is built once per session (cached by a hash of its Verilog), with the clock
+inside the simulation: the same build as ``make sim`` (``sim.experiment.build_system(...,
+fast=True)``), so that the tests and the experiments share it and no Python runs on a
+clock edge. The cocotb module tests/cocotb/tb_system.py runs every test case in one
+simulator process and each pytest test below reports one of them. The main run uses the Python host with completion
 reordering (0.3) and random delays before it takes a request; a second build with the RTL
 host (memory on chip) runs the opcode test and the 10,000-WR random test again, and checks
 the RTL memory against what its write tap showed.
@@ -13,8 +15,8 @@ import os
 import pytest
 
 from hw.config import preset
-from hw.system import TwoNodeSystem
-from sim.verilator import build, run
+from sim.experiment import build_system
+from sim.verilator import run
 
 CASES = [
     "test_each_opcode",
@@ -51,7 +53,7 @@ def agree_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def system_build():
-    return build(TwoNodeSystem(preset("small")), "system_small")
+    return build_system(preset("small"), fast=True)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ RTL_CASES = ["test_each_opcode", "test_random_mixed", "test_agreement_record",
 
 @pytest.fixture(scope="module")
 def rtl_run(agree_dir):
-    info = build(TwoNodeSystem(preset("small").replace(host__kind="rtl")), "system_small_rtl")
+    info = build_system(preset("small").replace(host__kind="rtl"), fast=True)
     env = {"RNIC_PRESET": "small", "RNIC_HOST": "rtl", "TB_SEED": "2",
            "TB_OPS": os.environ.get("TB_OPS", "10000"), "AGREE_FILE": str(agree_dir / "rtl.json")}
     return run(info, "tests.cocotb.tb_system", testcase=RTL_CASES, extra_env=env, check=False)
