@@ -36,7 +36,8 @@ BP = float(os.environ.get("TB_BACKPRESSURE", "0.1"))
 #: 6 KB in flight over one 16 Gb/s data path, so an ACK can take tens of microseconds
 #: without any loss; a shorter timeout fires while the oldest message is still on its way,
 #: and those spurious timeouts count against retry_cnt (at 8.2 us the 100,000-WR run at 5 %
-#: loss ended a 22-packet WRITE in RETRY_EXC_ERR).
+#: loss ended a 22-packet WRITE in RETRY_EXC_ERR, before 0a77809 fixed the ignored NAKs that
+#: made most of those retries timeouts; docs/reliability.md).
 LOSSY_QP = dict(timeout=int(os.environ.get("TB_TIMEOUT", "3")), retry_cnt=7, rnr_retry=7,
                 min_rnr_timer=1)
 N_COUNTERS = 8
