@@ -1,0 +1,325 @@
+"""hw/lib/cache.py: the set-associative write-back cache, against Python models.
+
+* A sequential client (one request at a time) against a Python model of the same cache:
+  every hit and miss, eviction and write-back as the model predicts, for LRU and PLRU.
+* A concurrent client with random back-pressure and DMA latency (hit under miss, responses
+  out of order): every READ returns the last value written before it, in request order, and
+  after invalidating everything host memory holds the final values.
+* Directed cases: a lookup racing its own fill, hit under miss, capacity (a working set that
+  fits hits, a cyclic one larger than a set thrashes LRU), invalidation, DMA errors.
+"""
+
+import random
+
+import pytest
+from amaranth.sim import Simulator
+
+from hw.lib.cache import CacheOp, SetAssocCache
+from sim.host import HostMemory
+from tests.hw.dma_models import PortMemorySim
+
+BASE = 0x10000
+
+
+class ModelCache:
+    """What the cache decides for a sequence of requests taken one at a time."""
+
+    def __init__(self, sets, ways, policy):
+        self.sets, self.ways, self.policy = sets, ways, policy
+        self.lines = [[None] * ways for _ in range(sets)]       # [key, dirty] or None
+        self.ages = [list(range(ways)) for _ in range(sets)]
+        self.tree = [[0] * max(ways - 1, 1) for _ in range(sets)]
+        self.hits = self.misses = self.evictions = self.writebacks = 0
+
+    def _touch(self, s, w):
+        if self.policy == "lru":
+            a = self.ages[s]
+            mine = a[w]
+            for i in range(self.ways):
+                if a[i] < mine:
+                    a[i] += 1
+            a[w] = 0
+        elif self.ways > 1:
+            levels = self.ways.bit_length() - 1
+            node = 1
+            for lvl in range(levels):
+                right = (w >> (levels - lvl - 1)) & 1
+                self.tree[s][node - 1] = 1 - right
+                node = 2 * node + right
+
+    def _victim(self, s):
+        for i, line in enumerate(self.lines[s]):
+            if line is None:
+                return i
+        if self.ways == 1:
+            return 0
+        if self.policy == "lru":
+            return max(range(self.ways), key=lambda i: (self.ages[s][i], -i))
+        node = 1
+        while node < self.ways:
+            node = 2 * node + self.tree[s][node - 1]
+        return node - self.ways
+
+    def access(self, op, key):
+        """Returns (hit, wrote_back)."""
+        s = key % self.sets
+        lines = self.lines[s]
+        w = next((i for i, l in enumerate(lines) if l is not None and l[0] == key), None)
+        if op == CacheOp.INVAL:
+            if w is None:
+                return False, False
+            dirty = lines[w][1]
+            lines[w] = None
+            self.writebacks += dirty
+            return True, dirty
+        if w is not None:
+            self.hits += 1
+            if op == CacheOp.WRITE:
+                lines[w][1] = True
+            self._touch(s, w)
+            return True, False
+        self.misses += 1
+        v = self._victim(s)
+        wrote = False
+        if lines[v] is not None:
+            self.evictions += 1
+            wrote = lines[v][1]
+            self.writebacks += wrote
+        lines[v] = [key, op == CacheOp.WRITE]
+        self._touch(s, v)
+        return False, wrote
+
+
+def run_cache(ops, *, sets=4, ways=2, policy="lru", mshrs=2, entry_bytes=16, data_bytes=8,
+              key_bits=8, seed=0, sequential=False, lat=(3, 30), p_ready=0.7, p_req=0.7,
+              fail=None, mem=None, max_cycles=40000):
+    """Run ``ops`` [(op, key, value)] through a cache; returns (responses in arrival order
+    [(id, op, hit, err, value, cycle)], counters, the PortMemorySim)."""
+    dut = SetAssocCache(entry_bytes=entry_bytes, key_bits=key_bits, sets=sets, ways=ways,
+                        policy=policy, mshrs=mshrs, data_bytes=data_bytes, id_bits=12)
+    rng = random.Random(seed)
+    mem = HostMemory() if mem is None else mem
+    dma = PortMemorySim(data_bytes, mem=mem, seed=seed + 1, lat=lat, p_ready=p_ready,
+                        p_gap=0.2, fail=fail)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    dma.clock(sim)
+    dma.read_port(sim, dut.dma_rd, "fill")
+    dma.write_port(sim, dut.dma_wr, "wb")
+    got = []
+    counters = {}
+
+    async def client(ctx):
+        ctx.set(dut.base, BASE)
+        for i, (op, key, value) in enumerate(ops):
+            while rng.random() > p_req:
+                await ctx.tick()
+            ctx.set(dut.req.payload, {"op": op, "key": key, "id": i, "data": value})
+            ctx.set(dut.req.valid, 1)
+            while True:
+                _, _, r = await ctx.tick().sample(dut.req.ready)
+                if r:
+                    break
+            ctx.set(dut.req.valid, 0)
+            if sequential:
+                while len(got) <= i:
+                    await ctx.tick()
+
+    async def sink(ctx):
+        cycle = 0
+        while len(got) < len(ops) and cycle < max_cycles:
+            r = sequential or rng.random() < p_ready
+            ctx.set(dut.resp.ready, r)
+            _, _, v, p = await ctx.tick().sample(dut.resp.valid, dut.resp.payload)
+            cycle += 1
+            if v and r:
+                got.append((p.id, CacheOp(p.op), int(p.hit), int(p.err), int(p.data), cycle))
+        for _ in range(200):            # let the last write-backs finish
+            await ctx.tick()
+        for name in ("hits", "misses", "evictions", "writebacks", "stalls", "fill_errors",
+                     "wb_errors", "rd_bytes", "wr_bytes"):
+            counters[name] = ctx.get(getattr(dut, name))
+
+    sim.add_testbench(client, background=True)
+    sim.add_testbench(sink)
+    sim.run()
+    assert len(got) == len(ops), f"only {len(got)} of {len(ops)} requests answered"
+    return got, counters, dma
+
+
+def expected_values(ops, mem_init):
+    """Per request index: the value a READ must return (the last WRITE before it in request
+    order, else host memory); and the final value of every key."""
+    cur = dict(mem_init)
+    want = {}
+    for i, (op, key, value) in enumerate(ops):
+        if op == CacheOp.READ:
+            want[i] = cur.get(key, 0)
+        elif op == CacheOp.WRITE:
+            cur[key] = value
+    return want, cur
+
+
+def fill_memory(mem, keys, entry_bytes, rng):
+    init = {}
+    for k in keys:
+        init[k] = rng.getrandbits(8 * entry_bytes)
+        mem.write(BASE + k * entry_bytes, init[k].to_bytes(entry_bytes, "little"))
+    return init
+
+
+def random_ops(rng, n, keys, entry_bytes, p_write=0.35):
+    ops = []
+    for _ in range(n):
+        op = CacheOp.WRITE if rng.random() < p_write else CacheOp.READ
+        ops.append((op, rng.choice(keys), rng.getrandbits(8 * entry_bytes)))
+    return ops
+
+
+def test_parameters_are_checked():
+    ok = dict(entry_bytes=16, key_bits=8, sets=4, ways=2)
+    cases = [
+        (dict(entry_bytes=24), "entry_bytes must be a power of two in [1, 4096], not 24"),
+        (dict(sets=3), "sets must be a power of two in [1, 256], not 3"),
+        (dict(sets=512), "sets must be a power of two in [1, 256], not 512"),
+        (dict(ways=0), "ways must be an integer in [1, 16], not 0"),
+        (dict(ways=3, policy="plru"), "ways must be a power of two in [1, 16], not 3"),
+        (dict(policy="fifo"), "policy must be one of ('lru', 'plru'), not 'fifo'"),
+        (dict(mshrs=17), "mshrs must be an integer in [1, 16], not 17"),
+        (dict(data_bytes=12), "data_bytes must be a power of two in [1, 256], not 12"),
+    ]
+    for bad, msg in cases:
+        with pytest.raises(ValueError) as e:
+            SetAssocCache(**{**ok, **bad})
+        assert str(e.value) == msg
+
+
+@pytest.mark.parametrize("policy,ways,sets", [
+    ("lru", 1, 4), ("lru", 2, 2), ("lru", 3, 2), ("lru", 4, 1),
+    ("plru", 2, 2), ("plru", 4, 2),
+])
+def test_sequential_matches_policy_model(policy, ways, sets):
+    """One request at a time: each hit / miss and the counters as the model predicts, data
+    as written."""
+    rng = random.Random(ways * 10 + sets)
+    keys = list(range(3 * sets * ways))
+    mem = HostMemory()
+    init = fill_memory(mem, keys, 16, rng)
+    ops = random_ops(rng, 120, keys, 16)
+    ops += [(CacheOp.INVAL, k, 0) for k in keys]
+    got, c, dma = run_cache(ops, sets=sets, ways=ways, policy=policy, sequential=True,
+                            seed=ways, mem=mem)
+    model = ModelCache(sets, ways, policy)
+    want, final = expected_values(ops, init)
+    wrote = 0
+    for (i, op, hit, err, value, _), (mop, key, _) in zip(got, ops):
+        assert op == mop and err == 0
+        mhit, mwrote = model.access(mop, key)
+        wrote += mwrote
+        assert hit == mhit, f"request {i} ({mop.name} {key}): hit {hit}, model {mhit}"
+        if op == CacheOp.READ:
+            assert value == want[i]
+    assert (c["hits"], c["misses"], c["evictions"], c["writebacks"]) == \
+        (model.hits, model.misses, model.evictions, model.writebacks)
+    assert c["rd_bytes"] == 16 * sum(1 for g in got if g[1] == CacheOp.READ and not g[2])
+    assert c["wr_bytes"] == 16 * c["writebacks"] == 16 * wrote
+    for k in keys:
+        assert mem.read_int(BASE + 16 * k, 16) == final[k]
+    assert model.evictions > 10 and model.hits > 10
+
+
+@pytest.mark.parametrize("policy,ways,mshrs,entry_bytes,data_bytes", [
+    ("lru", 2, 4, 16, 8), ("plru", 4, 2, 64, 16), ("lru", 1, 1, 8, 32), ("lru", 3, 3, 32, 8),
+])
+def test_concurrent_out_of_order_against_memory_model(policy, ways, mshrs, entry_bytes,
+                                                      data_bytes):
+    """Requests back to back under random back-pressure and latency: every READ returns the
+    last value written before it; afterwards host memory holds every final value."""
+    rng = random.Random(mshrs * 7 + ways)
+    keys = list(range(24))
+    mem = HostMemory()
+    init = fill_memory(mem, keys, entry_bytes, rng)
+    ops = random_ops(rng, 300, keys, entry_bytes)
+    ops += [(CacheOp.INVAL, k, 0) for k in keys]
+    got, c, dma = run_cache(ops, sets=4, ways=ways, policy=policy, mshrs=mshrs,
+                            entry_bytes=entry_bytes, data_bytes=data_bytes, seed=mshrs,
+                            mem=mem, lat=(2, 40))
+    want, final = expected_values(ops, init)
+    assert sorted(g[0] for g in got) == list(range(len(ops)))
+    for i, op, hit, err, value, _ in got:
+        assert op == ops[i][0] and err == 0
+        if op == CacheOp.READ:
+            assert value == want[i], f"request {i}: READ {ops[i][1]}"
+    for k in keys:
+        assert mem.read_int(BASE + entry_bytes * k, entry_bytes) == final[k]
+    rw = sum(1 for o in ops if o[0] != CacheOp.INVAL)
+    assert c["hits"] + c["misses"] == rw
+    fills = sum(1 for g in got if g[1] == CacheOp.READ and not g[2])
+    assert c["rd_bytes"] == entry_bytes * fills == entry_bytes * len(dma.reads)
+    assert c["wr_bytes"] == entry_bytes * c["writebacks"] == entry_bytes * len(dma.writes)
+    order = [g[0] for g in got]
+    if mshrs > 1:
+        assert order != sorted(order), "hit under miss: some response overtakes another"
+
+
+def test_lookup_racing_its_own_fill():
+    """A second READ of a key whose fill is on its way waits for it and hits; one DMA read."""
+    mem = HostMemory()
+    mem.write(BASE + 5 * 16, (1234).to_bytes(16, "little"))
+    ops = [(CacheOp.READ, 5, 0), (CacheOp.READ, 5, 0), (CacheOp.WRITE, 5, 77),
+           (CacheOp.READ, 5, 0)]
+    got, c, dma = run_cache(ops, mem=mem, lat=(60, 60), p_req=1.0, p_ready=1.0)
+    assert [(g[0], g[2], g[4]) for g in got] == [(0, 0, 1234), (1, 1, 1234), (2, 1, 0),
+                                                  (3, 1, 77)]
+    assert len(dma.reads) == 1 and c["stalls"] > 0
+
+
+def test_hit_under_miss():
+    """While a fill takes 200 cycles, a READ of a cached key is answered first."""
+    mem = HostMemory()
+    for k in (1, 2):
+        mem.write(BASE + 16 * k, (100 + k).to_bytes(16, "little"))
+    ops = [(CacheOp.WRITE, 1, 11), (CacheOp.READ, 2, 0), (CacheOp.READ, 1, 0)]
+    got, c, dma = run_cache(ops, mem=mem, lat=(200, 200), p_req=1.0, p_ready=1.0)
+    assert [g[0] for g in got] == [0, 2, 1]
+    assert got[1][4] == 11 and got[2][4] == 102
+    assert got[2][5] > got[1][5] + 150
+
+
+def test_capacity_fit_and_lru_thrash():
+    """A working set that fits (sets x ways keys) misses once per key; a cyclic sweep one
+    key larger than a set, with LRU, misses every time (SMART's cache thrashing)."""
+    ops = [(CacheOp.READ, k, 0) for k in range(8)] * 4
+    got, c, _ = run_cache(ops, sets=4, ways=2, mshrs=1, sequential=True)
+    assert c["misses"] == 8 and c["hits"] == 24 and c["evictions"] == 0
+    ops = [(CacheOp.READ, 4 * k, 0) for k in range(3)] * 5     # three keys, one 2-way set
+    got, c, _ = run_cache(ops, sets=4, ways=2, mshrs=1, sequential=True)
+    assert c["hits"] == 0 and c["misses"] == 15 and c["evictions"] == 13
+
+
+def test_invalidate_writes_back_and_answers_after_the_host_has_it():
+    mem = HostMemory()
+    ops = [(CacheOp.WRITE, 3, 0xABCD), (CacheOp.INVAL, 3, 0), (CacheOp.INVAL, 3, 0),
+           (CacheOp.READ, 3, 0)]
+    got, c, dma = run_cache(ops, mem=mem, lat=(50, 50), sequential=True)
+    assert [(g[2], g[4]) for g in got] == [(0, 0), (1, 0), (0, 0), (0, 0xABCD)]
+    assert c["writebacks"] == 1 and len(dma.reads) == 1
+    # the INVAL is answered only after the write-back's done (50 cycles later)
+    assert got[1][5] - got[0][5] >= 50
+
+
+def test_dma_errors():
+    """A failed fill answers err and caches nothing (the next READ tries again); a failed
+    write-back is counted."""
+    bad_read = BASE + 16 * 2
+    bad_write = BASE + 16 * 6
+
+    def fail(addr, n, is_write):
+        return addr == (bad_write if is_write else bad_read)
+
+    ops = [(CacheOp.READ, 2, 0), (CacheOp.READ, 2, 0), (CacheOp.WRITE, 6, 9),
+           (CacheOp.READ, 1, 0), (CacheOp.INVAL, 6, 0), (CacheOp.READ, 6, 0)]
+    got, c, dma = run_cache(ops, sets=1, ways=2, sequential=True, fail=fail)
+    assert [g[3] for g in got] == [1, 1, 0, 0, 0, 0]
+    assert c["fill_errors"] == 2 and c["wb_errors"] == 1
+    assert got[5][4] == 0          # the write-back was refused: the host still has 0
