@@ -108,7 +108,8 @@ A :class:`~hw.retry_timer.RetryTimer` keeps each QP's local ACK timer (4.096 us 
 2**timeout since the last forward progress while requests are outstanding) and RNR timer.
 A rewind of a QP is requested by a PSN sequence NAK (once per retransmission: further NAKs
 are ignored until progress is made), by an ACK timeout, by the end of an RNR wait, or by a
-READ response packet that skips one (implied NAK, 9.7.5.1.5). The send FSM applies it like a
+READ response packet that skips one or an ACK at or beyond the oldest message when that is
+a READ or atomic still waiting for its response (implied NAKs, 9.7.5.1.5). The send FSM applies it like a
 QP event, when no batch of the QP is in flight and the response FSM is not working on it:
 ``fi = ci``, ``tail = head``, ``npsn`` = the oldest message's first PSN, the READ/atomic
 count and fence are cleared, and the WQEs are fetched again from the send queue (the host may
@@ -124,6 +125,11 @@ sequence NAKs without progress, ``rnr_retry`` RNR NAKs (7 = infinite); both are 
 progress (a completed message, an accepted READ response packet, a NAK that shows the
 responder inside a WRITE/SEND). When one is exhausted the oldest message completes with
 RETRY_EXC_ERR / RNR_RETRY_EXC_ERR and the QP goes to ERR (and is flushed).
+
+An ACK or NAK whose PSN is beyond the highest PSN the QP has given a message since it got its
+send PSN (``hi_psn``) answers nothing it sent (9.7.5.1.2): it is dropped and counted
+(``stat_resp_drop``), so that it can neither complete a message the responder never
+executed nor fail one.
 
 Simplifications: responses that do not match the oldest outstanding message (wrong PSN or
 kind, READ data outside the local buffer) are dropped (``stat_resp_drop``), and so are
@@ -261,6 +267,9 @@ class Requester(wiring.Component):
         fi = arr(16, "fi")
         ci = arr(16, "ci")
         npsn = arr(24, "npsn")
+        # the highest PSN given to a message since the QP got its send PSN: an ACK or NAK
+        # beyond it answers nothing this QP sent (IBA 9.7.5.1.2) and is dropped
+        hi_psn = arr(24, "hi_psn")
         head = arr(mo_bits + 1, "head")
         tail = arr(mo_bits + 1, "tail")
         rd_out = arr(5, "rd_out")
@@ -700,6 +709,16 @@ class Requester(wiring.Component):
         # a later response packet: an earlier one was lost (implied NAK, IBA 9.7.5.1.5)
         rresp_gap = Signal()
         m.d.comb += rresp_gap.eq(rresp_in & (rxm.psn != rresp_next) & psn_le(rresp_next, rxm.psn))
+        # an ACK or NAK for a PSN this QP has not sent: it answers nothing (dropped)
+        ack_ghost = Signal()
+        m.d.comb += ack_ghost.eq(is_ack & ~psn_le(rxm.psn, hi_psn[rcur]))
+        # an ACK at or beyond the head READ / atomic whose response has not come: the
+        # response was lost (implied NAK, IBA 9.7.5.1.5): retransmit from it at once
+        implied_nak = Signal()
+        m.d.comb += implied_nak.eq(is_ack & ~is_nak & rnonempty & (rent.status == 0)
+                                   & (rent.opcode >= WrOpcode.RDMA_READ.value)
+                                   & (rent.opcode <= WrOpcode.ATOMIC_FETCH_AND_ADD.value)
+                                   & psn_le(rent.first_psn, rxm.psn))
         aack_match = Signal()
         m.d.comb += aack_match.eq(rnonempty & (rent.status == 0)
                                   & ((rent.opcode == WrOpcode.ATOMIC_CMP_AND_SWP.value)
@@ -849,13 +868,15 @@ class Requester(wiring.Component):
                                 pi[ev_sel].eq(0), fi[ev_sel].eq(0), ci[ev_sel].eq(0),
                                 head[ev_sel].eq(0), tail[ev_sel].eq(0),
                                 npsn[ev_sel].eq(ev_psn[ev_sel]), lerr[ev_sel].eq(0),
+                                hi_psn[ev_sel].eq(ev_psn[ev_sel] - 1),
                                 rwd_pend[ev_sel].eq(0), rtx_started[ev_sel].eq(0),
                                 rnr_wait[ev_sel].eq(0), retry_used[ev_sel].eq(0),
                                 rnr_used[ev_sel].eq(0), rs_skip[ev_sel].eq(0),
                             ]
                         with m.Elif((ev_state[ev_sel] == formats.QpState.RTS.value) & ~rts[ev_sel]):
                             # RTR -> RTS: the send queue starts at the given PSN
-                            m.d.sync += npsn[ev_sel].eq(ev_psn[ev_sel])
+                            m.d.sync += [npsn[ev_sel].eq(ev_psn[ev_sel]),
+                                         hi_psn[ev_sel].eq(ev_psn[ev_sel] - 1)]
                         m.d.sync += [
                             rts[ev_sel].eq(ev_state[ev_sel] == formats.QpState.RTS.value),
                             err[ev_sel].eq(ev_state[ev_sel] == formats.QpState.ERR.value),
@@ -1022,6 +1043,8 @@ class Requester(wiring.Component):
                     ]
                     # the first message into an idle QP starts its ACK timer
                     m.d.comb += tx_kick.eq(~nonempty)
+                    with m.If(psn_le(hi_psn[cur], last_psn)):
+                        m.d.sync += hi_psn[cur].eq(last_psn)
                     m.d.sync += [
                         msg_slot.eq(tail[cur][:mo_bits]),
                         tail[cur].eq(tail[cur] + 1),
@@ -1107,7 +1130,10 @@ class Requester(wiring.Component):
 
             with m.State("R_ACK"):
                 m.d.comb += rx_busy.eq(1)
-                with m.If(head_ws & ack_covers):
+                with m.If(ack_ghost):
+                    m.d.comb += self.stat_resp_drop.eq(1)
+                    m.next = "R_IDLE"
+                with m.Elif(head_ws & ack_covers):
                     # implicit or explicit acknowledgement of a WRITE/SEND
                     m.d.sync += pop_head(rcur)
                     progress()
@@ -1161,6 +1187,10 @@ class Requester(wiring.Component):
                         m.next = "R_ERR"
                     with m.Else():
                         m.next = "R_IDLE"
+                with m.Elif(implied_nak):
+                    with m.If(~rtx_started[rcur] & ~rnr_wait[rcur]):
+                        m.d.sync += [rwd_pend[rcur].eq(1), rwd_cnt[rcur].eq(1)]
+                    m.next = "R_IDLE"
                 with m.Elif(is_ack):
                     m.next = "R_IDLE"
                 with m.Elif(is_rresp & rresp_match):

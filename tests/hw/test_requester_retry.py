@@ -322,3 +322,49 @@ def test_read_resumes_after_received_responses():
     reads = [(m["psn"], m["va"], m["dma_len"]) for _, q, m, _ in world.tx
              if m["opcode"] == B.READ_REQUEST.value]
     assert reads == [(2, 0x801000, 600), (3, 0x801000 + 256, 600 - 256)]
+
+
+class GhostResponder(StrictResponder):
+    """A StrictResponder that also answers the first request packet with ``ghost`` (an ACK or
+    NAK for a PSN far beyond anything the requester has sent)."""
+
+    def __init__(self, ghost, **kw):
+        super().__init__(**kw)
+        self.ghost = ghost
+
+    def __call__(self, world, q, meta, payload):
+        if self.ghost is not None:
+            world.resp.append((world.t + 5, dict(
+                src_node=meta["dst_node"], dst_node=meta["src_node"], dest_qpn=q, se=0,
+                ackreq=0, msn=0, paylen=0, opcode=B.ACKNOWLEDGE.value, **self.ghost), b""))
+            self.ghost = None
+        super().__call__(world, q, meta, payload)
+
+
+@pytest.mark.parametrize("syndrome", [ACK, formats.AethSyndrome.NAK_REM_ACCESS_ERR.value])
+def test_ack_or_nak_beyond_the_psns_sent_completes_nothing(syndrome):
+    """IBA 9.7.5.1.2: a response whose PSN is not one the requester sent answers nothing. The
+    first WRITE is lost and an ACK (a fatal NAK) for PSN 0x1000 arrives: it must neither
+    complete the WRITE as a success nor fail it; the sequence NAK then recovers everything.
+    Before the fix the ACK completed the unexecuted WRITE (the NAK failed it and the QP)."""
+    r = GhostResponder(dict(psn=0x1000, syndrome=syndrome), lose={(0, 0): 1})
+    world, ws, remote0 = go(r)
+    check_all_succeeded(world, ws, remote0, r)
+    assert [p for q, p, _ in r.executed] == [0, 1, 2, 5, 6, 7, 8]    # a READ counts once
+    assert world.get(world.remote, 0x800000, 300) == world.get(world.host, GOOD["base"], 300)
+    assert world.stats["stat_resp_drop"] >= 1
+
+
+@pytest.mark.parametrize("first", [O.RDMA_READ, O.ATOMIC_FETCH_AND_ADD])
+def test_ack_beyond_a_read_or_atomic_is_an_implied_nak(first):
+    """IBA 9.7.5.1.5: the response of the head READ (atomic) is lost, the next WRITE's ACK
+    arrives: the requester retransmits from the READ (atomic) at once, not after its local ACK
+    timer (2,048 cycles); the atomic is answered from the responder's replay, adding once."""
+    ws = [wqe(first, 8, SIG, local=GOOD["base"] + 0x8000, remote=0x801000, cmp=3),
+          wqe(O.RDMA_WRITE, 20, SIG, local=GOOD["base"] + 0x100, remote=0x803000)]
+    r = StrictResponder(lose_resp={(0, 0): 1})
+    world, ws, remote0 = go(r, wqes=ws)
+    check_all_succeeded(world, ws, remote0, r)
+    assert world.stats["stat_timeout"] == 0 and world.stats["stat_retransmit"] == 1
+    t0 = [t for t, q, m, _ in world.tx if m["psn"] == 0]
+    assert len(t0) == 2 and t0[1] - t0[0] < 500
