@@ -127,7 +127,7 @@ responder inside a WRITE/SEND). When one is exhausted the oldest message complet
 RETRY_EXC_ERR / RNR_RETRY_EXC_ERR and the QP goes to ERR (and is flushed).
 
 An ACK or NAK whose PSN is beyond the highest PSN the QP has given a message since it got its
-send PSN (``hi_psn``) answers nothing it sent (9.7.5.1.2): it is dropped and counted
+send PSN (``hi_psn``) answers nothing it sent (9.7.5.1): it is dropped and counted
 (``stat_resp_drop``), so that it can neither complete a message the responder never
 executed nor fail one.
 
@@ -268,7 +268,7 @@ class Requester(wiring.Component):
         ci = arr(16, "ci")
         npsn = arr(24, "npsn")
         # the highest PSN given to a message since the QP got its send PSN: an ACK or NAK
-        # beyond it answers nothing this QP sent (IBA 9.7.5.1.2) and is dropped
+        # beyond it answers nothing this QP sent (IBA 9.7.5.1) and is dropped
         hi_psn = arr(24, "hi_psn")
         head = arr(mo_bits + 1, "head")
         tail = arr(mo_bits + 1, "tail")

@@ -234,7 +234,15 @@ def malformed_frames(rng):
         ("ip length", set_bytes(send, 16, struct.pack("!H", len(send) - 13))),
         ("udp length", set_bytes(send, 38, struct.pack("!H", len(send) - 33))),
         ("opcode 0x15", set_bytes(send, 42, b"\x15")),
+        # the rest of the RC range (0x16/0x17: SEND with Invalidate, not modelled), another
+        # transport's opcodes (UC 0x20, UD 0x64), CNP and the top value: docs/errors.md
+        ("opcode 0x16", set_bytes(send, 42, b"\x16")),
+        ("opcode 0x17", set_bytes(send, 42, b"\x17")),
+        ("opcode 0x1f", set_bytes(send, 42, b"\x1f")),
+        ("opcode UC SEND_FIRST", set_bytes(send, 42, b"\x20")),
+        ("opcode UD SEND_ONLY", set_bytes(send, 42, b"\x64")),
         ("opcode CNP", set_bytes(send, 42, b"\x81")),
+        ("opcode 0xff", set_bytes(send, 42, b"\xff")),
         ("tver", set_bytes(send, 43, bytes([send[43] | 1]))),
         ("short for RETH", rebuild(set_bytes(send, 42, b"\x0a")[:54 + 12])),
         ("short for AtomicETH", rebuild(set_bytes(send, 42, b"\x13")[:54 + 24])),

@@ -343,7 +343,7 @@ class GhostResponder(StrictResponder):
 
 @pytest.mark.parametrize("syndrome", [ACK, formats.AethSyndrome.NAK_REM_ACCESS_ERR.value])
 def test_ack_or_nak_beyond_the_psns_sent_completes_nothing(syndrome):
-    """IBA 9.7.5.1.2: a response whose PSN is not one the requester sent answers nothing. The
+    """IBA 9.7.5.1: a response whose PSN is not one the requester sent answers nothing. The
     first WRITE is lost and an ACK (a fatal NAK) for PSN 0x1000 arrives: it must neither
     complete the WRITE as a success nor fail it; the sequence NAK then recovers everything.
     Before the fix the ACK completed the unexecuted WRITE (the NAK failed it and the QP)."""
