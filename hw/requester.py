@@ -131,8 +131,16 @@ send PSN (``hi_psn``) answers nothing it sent (9.7.5.1): it is dropped and count
 (``stat_resp_drop``), so that it can neither complete a message the responder never
 executed nor fail one.
 
-Simplifications: responses that do not match the oldest outstanding message (wrong PSN or
-kind, READ data outside the local buffer) are dropped (``stat_resp_drop``), and so are
+A response *for* the oldest outstanding message (its PSN inside the message's) of the wrong
+kind (a READ response for a WRITE/SEND or an atomic, an atomic acknowledge for a READ or a
+WRITE/SEND), or the expected READ response packet out of sequence (MIDDLE/LAST as the
+message's first packet, FIRST/MIDDLE as its last, LAST/ONLY before it) or of the wrong
+length (not MTU bytes before the last packet, not the rest in the last) is a bad response
+(9.7.5.1.3): the message completes with BAD_RESP_ERR, nothing of it is written, the QP goes
+to ERR (counted in ``stat_resp_drop``).
+
+Simplifications: responses that do not match the oldest outstanding message (a PSN outside
+it, an earlier READ response packet of it: a duplicate) are dropped (``stat_resp_drop``), and so are
 responses for a QP with a resetting or ERR event waiting to be applied (the
 event resets or flushes the QP anyway); QP events are applied when the send engine is idle
 (packets already queued still leave); an event to RESET, INIT or RTR resets the send
@@ -702,10 +710,32 @@ class Requester(wiring.Component):
                                 & psn_le(rent.first_psn, rxm.psn) & psn_le(rxm.psn, rent.last_psn))
         rresp_next = Signal(24)      # the response packet expected next (they come in order)
         m.d.comb += rresp_next.eq(rent.first_psn + rent.rcv)
+        # the expected packet: the opcode must fit its place (the message's first packet
+        # FIRST/ONLY, one before the last FIRST (a resumed READ starts again with FIRST) or
+        # MIDDLE, the last LAST/ONLY; IBA 9.7.5.1.3) and its length the request's (MTU bytes
+        # before the last, the rest in the last)
+        rresp_at = Signal()
+        m.d.comb += rresp_at.eq(rresp_in & (rxm.psn == rresp_next))
+        at_last = rxm.psn == rent.last_psn
+        op_first = rx_op == BthOpcode.READ_RESPONSE_FIRST.value
+        op_mid = rx_op == BthOpcode.READ_RESPONSE_MIDDLE.value
+        rresp_form = Signal()
+        m.d.comb += rresp_form.eq(
+            Mux(at_last, rresp_end, op_first | op_mid)
+            & ~((rent.rcv == 0) & ~op_first & ~(rx_op == BthOpcode.READ_RESPONSE_ONLY.value))
+            & Mux(at_last, rx_off + rxm.paylen == rent.length, rxm.paylen == cfg.mtu))
         rresp_match = Signal()
-        m.d.comb += rresp_match.eq(rresp_in & (rxm.psn == rresp_next)
-                                   # the data must stay inside the local buffer
-                                   & (rx_off + rxm.paylen <= rent.length))
+        m.d.comb += rresp_match.eq(rresp_at & rresp_form)
+        # a response of the wrong kind for the head message, or its READ's expected packet
+        # malformed: bad response (IBA 9.7.5.1.3, C9-114): the WR fails, the QP goes to ERR
+        head_read = rent.opcode == WrOpcode.RDMA_READ.value
+        head_atomic = ((rent.opcode == WrOpcode.ATOMIC_CMP_AND_SWP.value)
+                       | (rent.opcode == WrOpcode.ATOMIC_FETCH_AND_ADD.value))
+        in_head = (rnonempty & (rent.status == 0) & psn_le(rent.first_psn, rxm.psn)
+                   & psn_le(rxm.psn, rent.last_psn))
+        bad_resp = Signal()
+        m.d.comb += bad_resp.eq((rresp_at & ~rresp_form)
+                                | (in_head & ((is_rresp & ~head_read) | (is_aack & ~head_atomic))))
         # a later response packet: an earlier one was lost (implied NAK, IBA 9.7.5.1.5)
         rresp_gap = Signal()
         m.d.comb += rresp_gap.eq(rresp_in & (rxm.psn != rresp_next) & psn_le(rresp_next, rxm.psn))
@@ -1193,6 +1223,15 @@ class Requester(wiring.Component):
                     m.next = "R_IDLE"
                 with m.Elif(is_ack):
                     m.next = "R_IDLE"
+                with m.Elif(bad_resp):
+                    m.d.comb += [self.stat_resp_drop.eq(1), rx_trk_we.eq(1),
+                                 rx_trk_data.eq(rent),
+                                 rx_trk_data.status.eq(WcStatus.BAD_RESP_ERR.value)]
+                    m.d.sync += err[rcur].eq(1)
+                    with m.If(rxm.paylen != 0):
+                        m.next = "R_BAD_DROP"
+                    with m.Else():
+                        m.next = "R_ERR"
                 with m.Elif(is_rresp & rresp_match):
                     # count the packet in the head entry (the next one must follow it)
                     m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
@@ -1292,6 +1331,12 @@ class Requester(wiring.Component):
                 m.d.comb += self.rx.payload.ready.eq(1)
                 with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
                     m.next = "R_IDLE"
+
+            with m.State("R_BAD_DROP"):
+                # the payload of a bad response, then the QP's error
+                m.d.comb += [rx_busy.eq(1), self.rx.payload.ready.eq(1)]
+                with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
+                    m.next = "R_ERR"
 
             with m.State("R_CQE"):
                 m.d.comb += [rx_busy.eq(1), rx_cqe_v.eq(1)]
