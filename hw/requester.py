@@ -170,12 +170,13 @@ from .bf_buffer import BlueFlameBuffer, SQ_BF
 
 __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH"]
 
-#: WQEs read from the send queue by one DMA read (and processed back to back).
-WQE_BATCH = 4
+#: WQEs read from the send queue by one DMA read (and processed back to back): the default
+#: of ``NicConfig.wqe_batch`` (the requester uses the configuration's value).
+WQE_BATCH = NicConfig.wqe_batch
 #: Request packets queued between the send engine and the packet emitter.
-DESC_DEPTH = 8
+DESC_DEPTH = NicConfig.desc_depth
 #: WQEs written by BlueFlame kept until they are sent (hw/bf_buffer.py).
-BF_ENTRIES = 4
+BF_ENTRIES = NicConfig.bf_entries
 
 #: One outstanding message of a QP (``status`` non-zero: failed locally or NAKed).
 TRACKER_ENTRY = data.StructLayout({
@@ -203,9 +204,11 @@ def psn_le(a, b):
 
 
 class Requester(wiring.Component):
-    def __init__(self, cfg, fetch_depth=4):
+    def __init__(self, cfg, fetch_depth=None):
         if not isinstance(cfg, NicConfig):
             raise ValueError(f"cfg must be a NicConfig, not {type(cfg).__name__}")
+        if fetch_depth is None:
+            fetch_depth = cfg.fetch_depth
         if (not isinstance(fetch_depth, int) or isinstance(fetch_depth, bool)
                 or not 1 <= fetch_depth <= 16):
             raise ValueError(f"fetch_depth must be an integer in [1, 16], not {fetch_depth!r}")
@@ -231,7 +234,7 @@ class Requester(wiring.Component):
         }
         for s in STATS:
             ports[s] = Out(1)
-        ports["stat_bf_miss"] = Out(range(BF_ENTRIES + 1))
+        ports["stat_bf_miss"] = Out(range(cfg.bf_entries + 1))
         # WRs ended by a host-interface error this cycle: a WQE, a payload read, a write
         ports["stat_dma_err"] = Out(range(4))
         super().__init__(ports)
@@ -245,7 +248,7 @@ class Requester(wiring.Component):
         mo_bits = exact_log2(MO)
         mtu_bits = exact_log2(cfg.mtu)
         w_bits = exact_log2(W)
-        K = WQE_BATCH
+        K = cfg.wqe_batch
         pay_beats = 4 * cfg.mtu // W          # payload buffer: four full packets
 
         m.submodules.sched = sched = Scheduler(nq)
@@ -257,7 +260,7 @@ class Requester(wiring.Component):
         wiring.connect(m, fetch.dma, wiring.flipped(self.wqe_rd))
         # send engine -> packet emitter: header descriptors and payload beats
         DESC = data.StructLayout({"meta": formats.PKT_META, "qpn": self.qpn_bits, "slot": mo_bits})
-        m.submodules.desc = desc = SyncFIFOBuffered(width=DESC.size, depth=DESC_DEPTH)
+        m.submodules.desc = desc = SyncFIFOBuffered(width=DESC.size, depth=cfg.desc_depth)
         m.submodules.payf = payf = SyncFIFOBuffered(width=beat_layout(W).size, depth=pay_beats)
         # per packet in payf: did the host fail its payload read
         m.submodules.pay_err = pay_err = SyncFIFOBuffered(width=1, depth=pay_beats)
@@ -819,7 +822,7 @@ class Requester(wiring.Component):
         m.d.sync += n_fl.eq(n_fl + issue - done)
         # BlueFlame: the granted QP's next WQE may be here already (one WQE, no DMA read)
         gq = sched.grant.payload.qpn
-        m.submodules.bf = bfb = BlueFlameBuffer(max(1, self.qpn_bits), BF_ENTRIES)
+        m.submodules.bf = bfb = BlueFlameBuffer(max(1, self.qpn_bits), cfg.bf_entries)
         wiring.connect(m, wiring.flipped(self.bf), bfb.i)
         m.d.comb += [bfb.qpn.eq(gq), bfb.index.eq(fi[gq]),
                      self.stat_bf_hit.eq(bfb.stat_hit), self.stat_bf_miss.eq(bfb.stat_miss)]

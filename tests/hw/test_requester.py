@@ -678,6 +678,15 @@ def test_mixed_backpressure():
     mixed(2, 0.4)
 
 
+@pytest.mark.parametrize("kw", [dict(wqe_batch=1), dict(wqe_batch=2, desc_depth=2),
+                                dict(bf_entries=1, fetch_depth=1)])
+def test_structural_fields(kw):
+    """The pipeline's structural constants are NicConfig fields: other values than the
+    defaults give the same results (the mixed random test, with BlueFlame posts)."""
+    import dataclasses
+    mixed(31, 0.3, cfg=dataclasses.replace(CFG, **kw), bf_p=0.5)
+
+
 def test_psn_wrap():
     world = mixed(3, 0.2, n=8, qs=(1,), psn0=(1 << 24) - 5)
     psns = [m["psn"] for _, q, m, _ in world.tx]
