@@ -1134,19 +1134,7 @@ def test_bad_response_fails_the_wr(target, meta, pay):
           wqe(O.RDMA_WRITE, 8, SIG, local=GOOD["base"], remote=0x800100)]       # PSN 4
     world.inject[(0, target)] = [(meta, bytes([0xEE]) * pay)]
     world.final_psn[0] = None
-
-    async def script(ctx, world, event, wait):
-        await event(0, formats.QpState.RTS.value, 0)
-        for w in ws:
-            world.post(0, w)
-        world.ring(0)
-        await wait(lambda: world.set_err)
-        await event(0, formats.QpState.ERR.value)
-        await wait(lambda: len(cqes_of(world, 0)) == len(ws))
-        for _ in range(100):
-            await ctx.tick()
-
-    run(world, script)
+    run(world, err_script([], ws, len(ws)))
     check_error_sequence(world, 0, ws, target, S.BAD_RESP_ERR)
     assert world.set_err == [0]
     # no byte of a failed or flushed READ was written
