@@ -42,6 +42,19 @@ class NicConfig:
     tlp_overhead    bytes of header and framing per TLP on the host link, counted in the
                     host-interface counters and charged by the link model (PCIe: 20-28).
     dma_write_outstanding  write TLPs whose response the DMA engine may wait for at once.
+
+    Structural constants of the pipeline (they shape throughput and latency under load, so
+    they are fields, recorded in every summary.json with the rest of the configuration):
+
+    wqe_batch       WQEs read by one WQE-fetch DMA read (consecutive WQEs of one QP).
+    fetch_depth     WQE fetches (of different QPs) in flight at once.
+    desc_depth      request-packet headers queued between the send engine and the emitter.
+    bf_entries      BlueFlame WQEs held until the send engine takes them.
+    read_buffers    the responder's READ payload ring, in MTUs.
+    replay_slots    the responder's atomic replay cache, results kept per QP: 16, at least
+                    ``max_rd_atomic`` (a retransmitted atomic must still be in it); other
+                    values need a wider replay pointer in the responder's QP state.
+    doorbell_fifo_depth  receive and CQ doorbells queued in the doorbell block.
     """
 
     data_bytes: int = 64
@@ -59,6 +72,13 @@ class NicConfig:
     max_payload: int = 256
     tlp_overhead: int = 24
     dma_write_outstanding: int = 32
+    wqe_batch: int = 4
+    fetch_depth: int = 4
+    desc_depth: int = 8
+    bf_entries: int = 4
+    read_buffers: int = 4
+    replay_slots: int = 16
+    doorbell_fifo_depth: int = 16
 
     def __post_init__(self):
         _check_pow2("data_bytes", self.data_bytes, 8, 64)
@@ -77,6 +97,16 @@ class NicConfig:
         _check_pow2("max_payload", self.max_payload, 128, 4096)
         _check_range("tlp_overhead", self.tlp_overhead, 0, 256)
         _check_pow2("dma_write_outstanding", self.dma_write_outstanding, 2, 256)
+        _check_pow2("wqe_batch", self.wqe_batch, 1, 4)
+        _check_range("fetch_depth", self.fetch_depth, 1, 16)
+        _check_pow2("desc_depth", self.desc_depth, 2, 64)
+        _check_range("bf_entries", self.bf_entries, 1, 16)
+        _check_pow2("read_buffers", self.read_buffers, 2, 16)
+        if self.replay_slots != 16:
+            # the responder's per-QP replay pointer is 4 bits; 16 >= max_rd_atomic (<= 16)
+            raise ValueError(f"replay_slots must be 16 (the responder's replay pointer is 4 bits), "
+                             f"not {self.replay_slots!r}")
+        _check_pow2("doorbell_fifo_depth", self.doorbell_fifo_depth, 2, 256)
 
     @property
     def period_ns(self):

@@ -56,7 +56,7 @@ from amaranth.utils import ceil_log2
 __all__ = ["Doorbells", "CQ_DB_LAYOUT"]
 
 CQ_DB_LAYOUT = data.StructLayout({"cqn": 16, "ci": 16})
-FIFO_DEPTH = 16
+FIFO_DEPTH = NicConfig.doorbell_fifo_depth
 
 
 class Doorbells(wiring.Component):
@@ -115,7 +115,7 @@ class Doorbells(wiring.Component):
 
         fifos = {}
         for name, layout in (("rq", self.rq_db.payload.shape()), ("cq", CQ_DB_LAYOUT)):
-            f = fifos[name] = fifo.SyncFIFOBuffered(width=Shape.cast(layout).width, depth=FIFO_DEPTH)
+            f = fifos[name] = fifo.SyncFIFOBuffered(width=Shape.cast(layout).width, depth=cfg.doorbell_fifo_depth)
             m.submodules[f"{name}_fifo"] = f
             out = getattr(self, f"{name}_db")
             m.d.comb += [out.valid.eq(f.r_rdy), out.payload.eq(f.r_data), f.r_en.eq(out.ready)]

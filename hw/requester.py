@@ -131,8 +131,16 @@ send PSN (``hi_psn``) answers nothing it sent (9.7.5.1): it is dropped and count
 (``stat_resp_drop``), so that it can neither complete a message the responder never
 executed nor fail one.
 
-Simplifications: responses that do not match the oldest outstanding message (wrong PSN or
-kind, READ data outside the local buffer) are dropped (``stat_resp_drop``), and so are
+A response *for* the oldest outstanding message (its PSN inside the message's) of the wrong
+kind (a READ response for a WRITE/SEND or an atomic, an atomic acknowledge for a READ or a
+WRITE/SEND), or the expected READ response packet out of sequence (MIDDLE/LAST as the
+message's first packet, FIRST/MIDDLE as its last, LAST/ONLY before it) or of the wrong
+length (not MTU bytes before the last packet, not the rest in the last) is a bad response
+(9.7.5.1.3): the message completes with BAD_RESP_ERR, nothing of it is written, the QP goes
+to ERR (counted in ``stat_resp_drop``).
+
+Simplifications: responses that do not match the oldest outstanding message (a PSN outside
+it, an earlier READ response packet of it: a duplicate) are dropped (``stat_resp_drop``), and so are
 responses for a QP with a resetting or ERR event waiting to be applied (the
 event resets or flushes the QP anyway); QP events are applied when the send engine is idle
 (packets already queued still leave); an event to RESET, INIT or RTR resets the send
@@ -162,12 +170,13 @@ from .bf_buffer import BlueFlameBuffer, SQ_BF
 
 __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH"]
 
-#: WQEs read from the send queue by one DMA read (and processed back to back).
-WQE_BATCH = 4
+#: WQEs read from the send queue by one DMA read (and processed back to back): the default
+#: of ``NicConfig.wqe_batch`` (the requester uses the configuration's value).
+WQE_BATCH = NicConfig.wqe_batch
 #: Request packets queued between the send engine and the packet emitter.
-DESC_DEPTH = 8
+DESC_DEPTH = NicConfig.desc_depth
 #: WQEs written by BlueFlame kept until they are sent (hw/bf_buffer.py).
-BF_ENTRIES = 4
+BF_ENTRIES = NicConfig.bf_entries
 
 #: One outstanding message of a QP (``status`` non-zero: failed locally or NAKed).
 TRACKER_ENTRY = data.StructLayout({
@@ -195,9 +204,11 @@ def psn_le(a, b):
 
 
 class Requester(wiring.Component):
-    def __init__(self, cfg, fetch_depth=4):
+    def __init__(self, cfg, fetch_depth=None):
         if not isinstance(cfg, NicConfig):
             raise ValueError(f"cfg must be a NicConfig, not {type(cfg).__name__}")
+        if fetch_depth is None:
+            fetch_depth = cfg.fetch_depth
         if (not isinstance(fetch_depth, int) or isinstance(fetch_depth, bool)
                 or not 1 <= fetch_depth <= 16):
             raise ValueError(f"fetch_depth must be an integer in [1, 16], not {fetch_depth!r}")
@@ -223,7 +234,7 @@ class Requester(wiring.Component):
         }
         for s in STATS:
             ports[s] = Out(1)
-        ports["stat_bf_miss"] = Out(range(BF_ENTRIES + 1))
+        ports["stat_bf_miss"] = Out(range(cfg.bf_entries + 1))
         # WRs ended by a host-interface error this cycle: a WQE, a payload read, a write
         ports["stat_dma_err"] = Out(range(4))
         super().__init__(ports)
@@ -237,7 +248,7 @@ class Requester(wiring.Component):
         mo_bits = exact_log2(MO)
         mtu_bits = exact_log2(cfg.mtu)
         w_bits = exact_log2(W)
-        K = WQE_BATCH
+        K = cfg.wqe_batch
         pay_beats = 4 * cfg.mtu // W          # payload buffer: four full packets
 
         m.submodules.sched = sched = Scheduler(nq)
@@ -249,7 +260,7 @@ class Requester(wiring.Component):
         wiring.connect(m, fetch.dma, wiring.flipped(self.wqe_rd))
         # send engine -> packet emitter: header descriptors and payload beats
         DESC = data.StructLayout({"meta": formats.PKT_META, "qpn": self.qpn_bits, "slot": mo_bits})
-        m.submodules.desc = desc = SyncFIFOBuffered(width=DESC.size, depth=DESC_DEPTH)
+        m.submodules.desc = desc = SyncFIFOBuffered(width=DESC.size, depth=cfg.desc_depth)
         m.submodules.payf = payf = SyncFIFOBuffered(width=beat_layout(W).size, depth=pay_beats)
         # per packet in payf: did the host fail its payload read
         m.submodules.pay_err = pay_err = SyncFIFOBuffered(width=1, depth=pay_beats)
@@ -702,10 +713,32 @@ class Requester(wiring.Component):
                                 & psn_le(rent.first_psn, rxm.psn) & psn_le(rxm.psn, rent.last_psn))
         rresp_next = Signal(24)      # the response packet expected next (they come in order)
         m.d.comb += rresp_next.eq(rent.first_psn + rent.rcv)
+        # the expected packet: the opcode must fit its place (the message's first packet
+        # FIRST/ONLY, one before the last FIRST (a resumed READ starts again with FIRST) or
+        # MIDDLE, the last LAST/ONLY; IBA 9.7.5.1.3) and its length the request's (MTU bytes
+        # before the last, the rest in the last)
+        rresp_at = Signal()
+        m.d.comb += rresp_at.eq(rresp_in & (rxm.psn == rresp_next))
+        at_last = rxm.psn == rent.last_psn
+        op_first = rx_op == BthOpcode.READ_RESPONSE_FIRST.value
+        op_mid = rx_op == BthOpcode.READ_RESPONSE_MIDDLE.value
+        rresp_form = Signal()
+        m.d.comb += rresp_form.eq(
+            Mux(at_last, rresp_end, op_first | op_mid)
+            & ~((rent.rcv == 0) & ~op_first & ~(rx_op == BthOpcode.READ_RESPONSE_ONLY.value))
+            & Mux(at_last, rx_off + rxm.paylen == rent.length, rxm.paylen == cfg.mtu))
         rresp_match = Signal()
-        m.d.comb += rresp_match.eq(rresp_in & (rxm.psn == rresp_next)
-                                   # the data must stay inside the local buffer
-                                   & (rx_off + rxm.paylen <= rent.length))
+        m.d.comb += rresp_match.eq(rresp_at & rresp_form)
+        # a response of the wrong kind for the head message, or its READ's expected packet
+        # malformed: bad response (IBA 9.7.5.1.3, C9-114): the WR fails, the QP goes to ERR
+        head_read = rent.opcode == WrOpcode.RDMA_READ.value
+        head_atomic = ((rent.opcode == WrOpcode.ATOMIC_CMP_AND_SWP.value)
+                       | (rent.opcode == WrOpcode.ATOMIC_FETCH_AND_ADD.value))
+        in_head = (rnonempty & (rent.status == 0) & psn_le(rent.first_psn, rxm.psn)
+                   & psn_le(rxm.psn, rent.last_psn))
+        bad_resp = Signal()
+        m.d.comb += bad_resp.eq((rresp_at & ~rresp_form)
+                                | (in_head & ((is_rresp & ~head_read) | (is_aack & ~head_atomic))))
         # a later response packet: an earlier one was lost (implied NAK, IBA 9.7.5.1.5)
         rresp_gap = Signal()
         m.d.comb += rresp_gap.eq(rresp_in & (rxm.psn != rresp_next) & psn_le(rresp_next, rxm.psn))
@@ -789,7 +822,7 @@ class Requester(wiring.Component):
         m.d.sync += n_fl.eq(n_fl + issue - done)
         # BlueFlame: the granted QP's next WQE may be here already (one WQE, no DMA read)
         gq = sched.grant.payload.qpn
-        m.submodules.bf = bfb = BlueFlameBuffer(max(1, self.qpn_bits), BF_ENTRIES)
+        m.submodules.bf = bfb = BlueFlameBuffer(max(1, self.qpn_bits), cfg.bf_entries)
         wiring.connect(m, wiring.flipped(self.bf), bfb.i)
         m.d.comb += [bfb.qpn.eq(gq), bfb.index.eq(fi[gq]),
                      self.stat_bf_hit.eq(bfb.stat_hit), self.stat_bf_miss.eq(bfb.stat_miss)]
@@ -1193,6 +1226,15 @@ class Requester(wiring.Component):
                     m.next = "R_IDLE"
                 with m.Elif(is_ack):
                     m.next = "R_IDLE"
+                with m.Elif(bad_resp):
+                    m.d.comb += [self.stat_resp_drop.eq(1), rx_trk_we.eq(1),
+                                 rx_trk_data.eq(rent),
+                                 rx_trk_data.status.eq(WcStatus.BAD_RESP_ERR.value)]
+                    m.d.sync += err[rcur].eq(1)
+                    with m.If(rxm.paylen != 0):
+                        m.next = "R_BAD_DROP"
+                    with m.Else():
+                        m.next = "R_ERR"
                 with m.Elif(is_rresp & rresp_match):
                     # count the packet in the head entry (the next one must follow it)
                     m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
@@ -1292,6 +1334,12 @@ class Requester(wiring.Component):
                 m.d.comb += self.rx.payload.ready.eq(1)
                 with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
                     m.next = "R_IDLE"
+
+            with m.State("R_BAD_DROP"):
+                # the payload of a bad response, then the QP's error
+                m.d.comb += [rx_busy.eq(1), self.rx.payload.ready.eq(1)]
+                with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
+                    m.next = "R_ERR"
 
             with m.State("R_CQE"):
                 m.d.comb += [rx_busy.eq(1), rx_cqe_v.eq(1)]

@@ -191,7 +191,7 @@ RSP_STATE = data.StructLayout({
 
 #: Atomic replay cache slots per QP (max_rd_atomic is at most 16: a retransmitted atomic is
 #: always among the last 16 atomics the QP executed).
-REPLAY_SLOTS = 16
+REPLAY_SLOTS = NicConfig.replay_slots
 REPLAY_ENTRY = data.StructLayout({"psn": 24, "orig": 64})
 
 #: Kinds of response descriptors.
@@ -220,9 +220,11 @@ RSP_ITEM = data.StructLayout({"kind": 2, "cqn": 16, "cqe": CQE, "resp": RESP_ENT
 class Responder(wiring.Component):
     """RC responder: executes request packets, answers ACK/NAK/READ/atomic responses."""
 
-    def __init__(self, cfg, read_buffers=4):
+    def __init__(self, cfg, read_buffers=None):
         if not isinstance(cfg, NicConfig):
             raise ValueError(f"cfg must be a hw.config.NicConfig, not {cfg!r}")
+        if read_buffers is None:
+            read_buffers = cfg.read_buffers
         if (not isinstance(read_buffers, int) or isinstance(read_buffers, bool)
                 or not 2 <= read_buffers <= 16 or read_buffers & (read_buffers - 1)):
             raise ValueError(f"read_buffers must be a power of two in [2, 16], not {read_buffers!r}")
@@ -271,11 +273,11 @@ class Responder(wiring.Component):
         st_wr = st_mem.write_port()
         m.submodules.pi_mem = pi_mem = Memory(shape=16, depth=cfg.n_qps, init=[])
         # atomic replay cache: REPLAY_SLOTS recent (PSN, original value) pairs per QP
-        m.submodules.replay = rc_mem = Memory(shape=REPLAY_ENTRY, depth=cfg.n_qps * REPLAY_SLOTS,
+        m.submodules.replay = rc_mem = Memory(shape=REPLAY_ENTRY, depth=cfg.n_qps * cfg.replay_slots,
                                               init=[])
         rc_rd = rc_mem.read_port(domain="comb")
         rc_wr = rc_mem.write_port()
-        rscan = Signal(range(REPLAY_SLOTS))
+        rscan = Signal(range(cfg.replay_slots))
         pi_rd = pi_mem.read_port(domain="comb")
         pi_wr = pi_mem.write_port()
 
@@ -719,7 +721,7 @@ class Responder(wiring.Component):
                     m.d.comb += self.stat_replay.eq(1)
                     m.d.sync += orig.eq(rc_rd.data.orig)
                     m.next = "AT_ACK"
-                with m.Elif(rscan == REPLAY_SLOTS - 1):
+                with m.Elif(rscan == cfg.replay_slots - 1):
                     m.next = "FIN_DISCARD"
                 with m.Else():
                     m.d.sync += rscan.eq(rscan + 1)
@@ -756,7 +758,7 @@ class Responder(wiring.Component):
                         rc_wr.data.orig.eq(atomic.o.payload.orig),
                         rc_wr.en.eq(1),
                     ]
-                    m.d.sync += [s.rp.eq(s.rp + 1), s.rfull.eq(s.rfull | (s.rp == REPLAY_SLOTS - 1))]
+                    m.d.sync += [s.rp.eq(s.rp + 1), s.rfull.eq(s.rfull | (s.rp == cfg.replay_slots - 1))]
                     m.d.sync += orig.eq(atomic.o.payload.orig)
                     m.next = "AT_ACK"
 

@@ -9,7 +9,9 @@ rel. 1.4):
   ``4.096 us * 2**timeout`` the requester retransmits. ``timeout == 0`` means infinite
   (the timer never expires).
 * **RNR timer** (9.7.5.2.8, table 45): after an RNR NAK the requester waits the time coded
-  in the NAK's 5-bit timer field, then retransmits.
+  in the NAK's 5-bit timer field, then retransmits. The wait is the table's value rounded up
+  to whole ticks plus one tick (the NAK arrives somewhere inside the current tick), so it is
+  never shorter than the table's value and at most 2.048 us (plus the scan) longer.
 
 Structure: a free-running time base ``now`` counts ticks of 1.024 us (``tick_cycles`` clock
 cycles, so that 4.096 us is exactly 4 ticks and the RNR values are rounded up to whole
@@ -134,7 +136,10 @@ class RetryTimer(wiring.Component):
             m.d.comb += [
                 wr.addr.eq(self.rnr.payload.qpn),
                 wr.data.mode.eq(MODE_RNR),
-                wr.data.deadline.eq(now + rnr_table[self.rnr.payload.code]),
+                # one tick more than the rounded-up table value: the RNR NAK can come at
+                # any point of the current tick, and the wait must never be shorter than
+                # the table's (IBA table 45)
+                wr.data.deadline.eq(now + rnr_table[self.rnr.payload.code] + 1),
                 wr.en.eq(1),
             ]
         with m.Else():

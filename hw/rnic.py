@@ -51,7 +51,7 @@ from .mmio import MmioFrontend
 from .link import Link
 from .packetizer import Packetizer
 from .regmap import DMA_READ_CLIENTS, DMA_WRITE_CLIENTS, Counter
-from .requester import WQE_BATCH, Requester
+from .requester import Requester
 from .responder import Responder
 
 __all__ = ["Rnic"]
@@ -77,9 +77,10 @@ class Rnic(wiring.Component):
         W = cfg.data_bytes
         mrrs = cfg.max_read_request
         # DMA read clients (regmap.DMA_READ_CLIENTS): largest request and ring of each
-        fetch_depth = 4
-        self.rd_max_len = [WQE_BATCH * WQE_BYTES, cfg.mtu, cfg.mtu, RECV_WQE_BYTES, 8]
-        self.rings = [ring_words_for(W, WQE_BATCH * WQE_BYTES, mrrs, WQE_BATCH * WQE_BYTES * fetch_depth),
+        fetch_depth = cfg.fetch_depth
+        batch = cfg.wqe_batch
+        self.rd_max_len = [batch * WQE_BYTES, cfg.mtu, cfg.mtu, RECV_WQE_BYTES, 8]
+        self.rings = [ring_words_for(W, batch * WQE_BYTES, mrrs, batch * WQE_BYTES * fetch_depth),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
                       ring_words_for(W, RECV_WQE_BYTES, mrrs),

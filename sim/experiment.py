@@ -90,11 +90,17 @@ def git_commit():
         return "unknown"
 
 
-def write_summary(name, config, targets, sim, extra=None):
+def write_summary(name, config, targets, sim, extra=None, system=None):
+    """``results/<name>/summary.json``: the commit, the experiment's parameters
+    (``config``), every field of the system configuration it ran (``system``, a
+    :class:`~hw.config.SystemConfig`: structural constants, latencies, host and link), the
+    targets, the simulation's speed and ``extra`` results."""
+    import dataclasses
     summary = {
         "experiment": name,
         "commit": git_commit(),
         "config": config,
+        "system": dataclasses.asdict(system) if system is not None else None,
         "targets": [t.as_dict() for t in targets],
         "sim": sim,
     }

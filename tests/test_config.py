@@ -20,6 +20,13 @@ def test_presets_exist():
     ({"max_read_request": 100}, r"max_read_request must be a power of two in \[128, 4096\], not 100"),
     ({"max_payload": 8192}, r"max_payload must be a power of two in \[128, 4096\], not 8192"),
     ({"tlp_overhead": 300}, r"tlp_overhead must be an integer in \[0, 256\], not 300"),
+    ({"wqe_batch": 8}, r"wqe_batch must be a power of two in \[1, 4\], not 8"),
+    ({"fetch_depth": 0}, r"fetch_depth must be an integer in \[1, 16\], not 0"),
+    ({"desc_depth": 6}, r"desc_depth must be a power of two in \[2, 64\], not 6"),
+    ({"bf_entries": 17}, r"bf_entries must be an integer in \[1, 16\], not 17"),
+    ({"read_buffers": 1}, r"read_buffers must be a power of two in \[2, 16\], not 1"),
+    ({"replay_slots": 32}, r"replay_slots must be 16 \(the responder's replay pointer is 4 bits\), not 32"),
+    ({"doorbell_fifo_depth": 3}, r"doorbell_fifo_depth must be a power of two in \[2, 256\], not 3"),
 ])
 def test_bad_nic_parameters(kw, msg):
     with pytest.raises(ValueError, match=msg):

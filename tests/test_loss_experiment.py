@@ -26,7 +26,12 @@ def test_loss_experiment_small(tmp_path, monkeypatch):
     assert int(rows[0]["frames_lost"]) == 0 and int(rows[2]["frames_lost"]) > 0
     assert int(rows[2]["retransmits"]) > 0
     assert (tmp_path / "loss.png").stat().st_size > 1000
-    assert json.loads((tmp_path / "summary.json").read_text())["experiment"] == "loss"
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["experiment"] == "loss"
+    # every field of the configuration is recorded, structural constants included
+    nic = written["system"]["nic"]
+    assert nic["wqe_batch"] == 4 and nic["replay_slots"] == 16 and nic["n_qps"] == 8
+    assert written["system"]["link"]["latency_ns"] == 100.0
     # The testbench ran with the experiment's local ACK timeout.
     assert json.loads((tmp_path / "raw.json").read_text())["timeout"] == params["timeout"]
 

@@ -69,7 +69,7 @@ def run(params):
     sim = {"cycles": r["cycles"], "wall_s": round(r["wall_s"], 2),
            "cycles_per_s": round(r["cycles"] / r["wall_s"], 1)}
     config = {"preset": cfg.name, **params, "build_skipped": info.skipped, "total_wall_s": round(wall, 1)}
-    summary = write_summary(NAME, config, targets, sim,
+    summary = write_summary(NAME, config, targets, sim, system=cfg,
                             extra={"mixed_mops": round(r["mixed_mops"], 3),
                                    "counters": r["counters"], "pcap_frames": r["pcap_frames"]})
     _plot(out / "demo.png", rtt_us, median, cfg.name, r["mops"], paper_mops, r["mixed_mops"])

@@ -93,7 +93,7 @@ def run(params):
            "cycles_per_s": round(r["cycles"] / r["wall_s"], 1)}
     config = {"preset": cfg.name, **params, "build_skipped": info.skipped,
               "total_wall_s": round(wall, 1)}
-    summary = write_summary(NAME, config, targets, sim, extra={"points": rows})
+    summary = write_summary(NAME, config, targets, sim, extra={"points": rows}, system=cfg)
     _plot(out / "loss.png", rows, cfg.name, r)
     print(f"{'loss':>7} {'goodput Gb/s':>12} {'fraction':>8} {'p50 us':>8} {'p99 us':>8} "
           f"{'retx':>6} {'timeouts':>8} {'dups':>6}")

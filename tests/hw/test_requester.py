@@ -678,6 +678,15 @@ def test_mixed_backpressure():
     mixed(2, 0.4)
 
 
+@pytest.mark.parametrize("kw", [dict(wqe_batch=1), dict(wqe_batch=2, desc_depth=2),
+                                dict(bf_entries=1, fetch_depth=1)])
+def test_structural_fields(kw):
+    """The pipeline's structural constants are NicConfig fields: other values than the
+    defaults give the same results (the mixed random test, with BlueFlame posts)."""
+    import dataclasses
+    mixed(31, 0.3, cfg=dataclasses.replace(CFG, **kw), bf_p=0.5)
+
+
 def test_psn_wrap():
     world = mixed(3, 0.2, n=8, qs=(1,), psn0=(1 << 24) - 5)
     psns = [m["psn"] for _, q, m, _ in world.tx]
@@ -1076,8 +1085,10 @@ def test_wqe_fetches_overlap(fetch_depth):
 
 
 def test_bad_responses_dropped():
-    """Responses that do not match the head message (ghost ACK, data beyond the buffer, wrong PSN,
-    atomic ACK for a READ) are ignored; the real response then completes the READ."""
+    """Responses that do not concern the head message (a READ response for a PSN beyond the
+    READ, an ACK of an old PSN) are ignored; the real response then completes the READ.
+    (A response *for* the head message of the wrong kind or form fails it:
+    test_bad_response_fails_the_wr.)"""
     world = World(CFG, 16, bp=0.3)
     rng = random.Random(16)
     setup_memory(world, rng)
@@ -1086,8 +1097,6 @@ def test_bad_responses_dropped():
     ws = [wqe(O.RDMA_WRITE, 40, SIG, local=GOOD["base"], remote=0x800000),
           wqe(O.RDMA_READ, 100, SIG, local=dst, remote=0x801000)]
     world.inject[(0, 1)] = [
-        (dict(opcode=B.READ_RESPONSE_ONLY.value, paylen=200), bytes([0xEE]) * 200),    # too long
-        (dict(opcode=B.ATOMIC_ACKNOWLEDGE.value, orig=0x5555), b""),                      # wrong kind
         (dict(opcode=B.READ_RESPONSE_ONLY.value, paylen=100, psn=7), bytes([0xDD]) * 100),  # wrong PSN
         (dict(opcode=B.ACKNOWLEDGE.value, psn=0xFFFFF0), b""),                            # old PSN
     ]
@@ -1097,6 +1106,41 @@ def test_bad_responses_dropped():
     check_success(world, 0, ws)
     assert world.get(world.host, dst, 300) == world.get(world.remote, 0x801000, 100) + bytes(200)
     assert world.set_err == []
+
+
+@pytest.mark.parametrize("target,meta,pay", [
+    (1, dict(opcode=B.READ_RESPONSE_ONLY.value, paylen=200), 200),   # longer than the READ
+    (1, dict(opcode=B.READ_RESPONSE_ONLY.value, paylen=60), 60),     # shorter
+    (1, dict(opcode=B.ATOMIC_ACKNOWLEDGE.value, orig=0x5555), 0),     # atomic ACK for a READ
+    (2, dict(opcode=B.READ_RESPONSE_MIDDLE.value, paylen=256), 256),  # MIDDLE before FIRST
+    (2, dict(opcode=B.READ_RESPONSE_LAST.value, paylen=44), 44),      # LAST as the first
+    (2, dict(opcode=B.READ_RESPONSE_FIRST.value, paylen=100), 100),   # FIRST shorter than MTU
+    (0, dict(opcode=B.READ_RESPONSE_ONLY.value, paylen=8), 8),        # READ response for a WRITE
+    (0, dict(opcode=B.ATOMIC_ACKNOWLEDGE.value, orig=1), 0),          # atomic ACK for a WRITE
+])
+def test_bad_response_fails_the_wr(target, meta, pay):
+    """IBA 9.7.5.1.3: a response for the oldest outstanding message of the wrong kind, or a
+    READ response out of sequence (MIDDLE/LAST for the first packet, FIRST/MIDDLE for the last)
+    or of the wrong length, completes that WR with BAD_RESP_ERR and moves the QP to ERR (the
+    rest is flushed); nothing of it is written. Before the fix such responses were dropped,
+    and a too-short READ response completed the READ as a success with truncated data."""
+    world = World(CFG, 16, bp=0.3)
+    setup_memory(world, random.Random(16))
+    dst = GOOD["base"] + 0x8000
+    world.fill(world.host, dst, bytes(0x800))
+    ws = [wqe(O.RDMA_WRITE, 40, SIG, local=GOOD["base"], remote=0x800000),       # PSN 0
+          wqe(O.RDMA_READ, 100, SIG, local=dst, remote=0x801000),               # PSN 1
+          wqe(O.RDMA_READ, 300, SIG, local=dst + 0x400, remote=0x801000),       # PSN 2, 3
+          wqe(O.RDMA_WRITE, 8, SIG, local=GOOD["base"], remote=0x800100)]       # PSN 4
+    world.inject[(0, target)] = [(meta, bytes([0xEE]) * pay)]
+    world.final_psn[0] = None
+    run(world, err_script([], ws, len(ws)))
+    check_error_sequence(world, 0, ws, target, S.BAD_RESP_ERR)
+    assert world.set_err == [0]
+    # no byte of a failed or flushed READ was written
+    first_read = 1 if target <= 1 else 2
+    for w in ws[first_read:3]:
+        assert world.get(world.host, w["local_addr"], w["length"]) == bytes(w["length"])
 
 
 def test_pipelined_dma():

@@ -155,6 +155,20 @@ def go(responder, qctx=None, wqes=None, seed=3, max_cycles=40000, bp=0.2):
 def check_all_succeeded(world, ws, remote0, responder):
     cq = [(c["wr_id"], c["status"]) for c in cqes_of(world, 0)]
     assert cq == [(w["wr_id"], 0) for w in ws if w["flags"] & SIG]
+    # every packet, retransmissions included, carries a PSN of its own message (a rewind
+    # never sends a PSN outside the rewound messages' ranges)
+    first, ranges = 0, []
+    for w in ws:
+        n = max(1, math.ceil(w["length"] / world.cfg.mtu)) if w["opcode"] <= O.RDMA_READ else 1
+        ranges.append((first, first + n - 1))
+        first += n
+    for _, q, m, _ in world.tx:
+        if q == 0:
+            assert any(a <= m["psn"] <= b for a, b in ranges), m["psn"]
+            if m["opcode"] == B.READ_REQUEST.value:
+                a, b = next(r for r in ranges if r[0] <= m["psn"] <= r[1])
+                # a resumed READ asks for the packets from its PSN to the READ's last
+                assert m["psn"] + max(1, math.ceil(m["dma_len"] / world.cfg.mtu)) - 1 == b
     # every message executed exactly once at the responder, in order
     psns = [p for q, p, _ in responder.executed if q == 0]
     assert len(psns) == len(set(psns))

@@ -75,7 +75,24 @@ def test_rnr_wait():
     out = run(lambda c: {"armed": 0b0100, "rnr": (2, 1) if c == 50 else None}, 130,
               timeouts=(1, 1, 5, 1))
     assert [(q, r) for _, q, r in out] == [(2, 1)]
-    assert 50 + 40 <= out[0][0] <= 50 + 40 + TICK + NQ + 1
+    assert 50 + 40 <= out[0][0] <= 50 + 40 + 2 * TICK + NQ + 1
+
+
+@pytest.mark.parametrize("code", [1, 2, 5, 14])
+def test_rnr_wait_never_shorter_than_the_table(code):
+    """IBA table 45 gives the minimum wait: from every phase of the 1.024 us tick, the wait
+    is at least the table's value (one cycle is 1.024 us / TICK) and at most two ticks (and
+    one scan of the QPs) longer. Before the fix an RNR NAK late in a tick waited up to one
+    tick less than the table's value."""
+    cycle_us = 1.024 / TICK
+    need = RNR_TIMER_US[code] / cycle_us
+    span = rnr_ticks(code) * TICK
+    for phase in range(TICK):
+        start = 50 + phase
+        out = run(lambda c: {"rnr": (1, code) if c == start else None}, start + span + 40)
+        assert [(q, r) for _, q, r in out] == [(1, 1)], phase
+        wait = out[0][0] - start
+        assert need <= wait <= need + 2 * TICK + NQ + 1, (phase, wait, need)
 
 
 def test_bad_parameters():
