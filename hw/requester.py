@@ -37,7 +37,9 @@ Structure
       messages (:data:`TRACKER_ENTRY`).
 
 Parameters: ``cfg`` (:class:`~hw.config.NicConfig`), ``fetch_depth`` (WQE fetch DMA reads
-in flight, of different QPs, in [1, 16]; default 4).
+in flight, of different QPs, in [1, 16]; default ``cfg.fetch_depth``). The batch size,
+header FIFO depth and BlueFlame buffer come from ``cfg`` (``wqe_batch``, ``desc_depth``,
+``bf_entries``).
 
 Per-QP indices: ``pi`` (posted, from the doorbell), ``fi`` (next WQE to fetch and send) and
 ``ci`` (oldest not completed); the tracker holds the messages ``ci .. fi-1``. A message enters

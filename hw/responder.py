@@ -136,8 +136,8 @@ Ports
 ``stat_resp_full``: ``Out(1)`` (a response waits for room in the response queue this cycle),
 ``stat_dma_err``: ``Out(range(4))`` (host-interface errors turned into NAKs this cycle).
 
-Parameter ``read_buffers`` (power of two in [2, 16], default 4): size of the READ payload
-ring in MTUs.
+Parameter ``read_buffers`` (power of two in [2, 16], default ``cfg.read_buffers``): size of
+the READ payload ring in MTUs. The replay cache holds ``cfg.replay_slots`` results per QP.
 """
 
 from amaranth.hdl import Cat, Module, Signal, Const, Mux

@@ -57,10 +57,8 @@ Out(DmaWritePort(data_bytes))``; counters ``hits``, ``misses``, ``evictions``,
 (``Out(32)`` each).
 """
 
-from amaranth.lib import enum
-
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2, exact_log2
@@ -142,7 +140,6 @@ class SetAssocCache(wiring.Component):
         if self.policy == "lru":
             ab = self._age_bits()
             ages = [repl[i * ab:(i + 1) * ab] for i in range(n)]
-            mine = Signal(ab)
             cur = Const(0, ab)
             for i in range(n):
                 cur = Mux(way == i, ages[i], cur)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2
+from amaranth.utils import ceil_log2
 
 from ..interfaces import MmioSignature
 from .checks import check_int
