@@ -55,6 +55,13 @@ class NicConfig:
                     ``max_rd_atomic`` (a retransmitted atomic must still be in it); other
                     values need a wider replay pointer in the responder's QP state.
     doorbell_fifo_depth  receive and CQ doorbells queued in the doorbell block.
+
+    The memory-region cache (MR contexts live in host memory, ICM; docs/caches.md):
+
+    mr_cache_sets   sets of the MR cache (a power of two, at most ``n_mrs``).
+    mr_cache_ways   ways per set (1 .. 16; a power of two for ``"plru"``).
+    mr_cache_policy replacement policy, ``"lru"`` or ``"plru"`` (tree pseudo-LRU).
+    mr_cache_mshrs  misses of the MR cache in flight at once (1 .. 16).
     """
 
     data_bytes: int = 64
@@ -79,6 +86,10 @@ class NicConfig:
     read_buffers: int = 4
     replay_slots: int = 16
     doorbell_fifo_depth: int = 16
+    mr_cache_sets: int = 2
+    mr_cache_ways: int = 2
+    mr_cache_policy: str = "lru"
+    mr_cache_mshrs: int = 2
 
     def __post_init__(self):
         _check_pow2("data_bytes", self.data_bytes, 8, 64)
@@ -107,6 +118,14 @@ class NicConfig:
             raise ValueError(f"replay_slots must be 16 (the responder's replay pointer is 4 bits), "
                              f"not {self.replay_slots!r}")
         _check_pow2("doorbell_fifo_depth", self.doorbell_fifo_depth, 2, 256)
+        _check_pow2("mr_cache_sets", self.mr_cache_sets, 1, self.n_mrs)
+        _check_range("mr_cache_ways", self.mr_cache_ways, 1, 16)
+        if self.mr_cache_policy not in ("lru", "plru"):
+            raise ValueError(f"mr_cache_policy must be one of ('lru', 'plru'), "
+                             f"not {self.mr_cache_policy!r}")
+        if self.mr_cache_policy == "plru":
+            _check_pow2("mr_cache_ways", self.mr_cache_ways, 1, 16)
+        _check_range("mr_cache_mshrs", self.mr_cache_mshrs, 1, 16)
 
     @property
     def period_ns(self):
@@ -247,7 +266,7 @@ _CONNECTX6 = SystemConfig(
     name="connectx6",
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=64, n_cqs=64, n_mrs=16,
                   n_doorbells=16, mtu=4096, max_rd_atomic=16, max_outstanding=32,
-                  pipeline_ns=100.0),
+                  pipeline_ns=100.0, mr_cache_sets=8, mr_cache_ways=2),
     host=HostConfig(pcie_ns=150.0, host_mem_ns=100.0, pcie_gbps=128.0, mmio_ns=150.0),
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration="unloaded 8-byte READ round trip 2.35 us (SMART, ASPLOS'24, Fig. 4 at 1 depth)",
@@ -258,7 +277,7 @@ _SMALL = SystemConfig(
     name="small",
     nic=NicConfig(data_bytes=8, clock_mhz=250.0, n_qps=8, n_cqs=8, n_mrs=8,
                   n_doorbells=4, mtu=256, max_rd_atomic=16, max_outstanding=16,
-                  pipeline_ns=0.0),
+                  pipeline_ns=0.0, mr_cache_sets=4, mr_cache_ways=2),
     host=HostConfig(pcie_ns=40.0, host_mem_ns=20.0, pcie_gbps=64.0, mmio_ns=20.0),
     link=LinkConfig(latency_ns=100.0, gbps=100.0),
     calibration="none: a test configuration",

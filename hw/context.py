@@ -13,24 +13,31 @@ command register and eight argument words, see :mod:`hw.regmap`):
   effect in one cycle);
 * the CQ context table (:data:`~hw.regmap.CQ_CTX`);
 * the memory-region table (:data:`~hw.formats.MR_ENTRY`, IBA 10.6): base, length, key,
-  protection domain and access rights, checked by requester and responder on every access;
+  protection domain and access rights, checked by requester and responder on every access.
+  It lives in host memory (ICM), mapped by ``MAP_ICM``, behind the MR cache
+  (:mod:`hw.ctx.mr_cache`): ``SET_MR`` writes the entry into the cache (``mr_wr``), which
+  writes it back to ICM when it evicts it. ``SET_MR`` before ``MAP_ICM`` is refused with
+  ``BAD_STATE``, and so is a second ``MAP_ICM`` (the table does not move under a live cache);
 * the QP-to-doorbell-register binding used by :mod:`hw.doorbell`.
 
-All tables are ``lib.memory.Memory`` instances with combinational read ports, one per
-consumer. A command takes effect in the cycle the ``CMD`` register is written. Accepted
+The QP, CQ and doorbell-binding tables are ``lib.memory.Memory`` instances with
+combinational read ports, one per consumer. A command takes effect in the cycle the ``CMD``
+register is written, except ``SET_MR``: ``CMD`` reads ``BUSY`` until the MR cache has taken
+the entry (the driver polls, as for mlx5's command ownership bit). A command written while
+``CMD`` reads ``BUSY`` is ignored (the driver must wait for the previous one). Accepted
 modify-QP commands, and QPs forced to ERR by the requester or responder, are broadcast on
 ``qp_event`` so that both engines reset their per-QP state.
 """
 
 from amaranth import *
-from amaranth.lib import wiring, memory
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from .config import NicConfig
 from .formats import MR_ENTRY, QpState
 from .interfaces import (MmioSignature, Lookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
-from .regmap import (Reg, Cmd, CmdStatus, QP_CTX, CQ_CTX, ARG_BASE, ARG_WORDS, ID_VALUE,
+from .regmap import (Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE, ARG_WORDS, ID_VALUE,
                      LEGAL_TRANSITIONS)
 
 __all__ = ["Context", "DB_INDEX_BITS"]
@@ -50,7 +57,8 @@ class Context(wiring.Component):
     bus : In(MmioSignature)        ID, NODE_ID, CMD, ARG registers.
     node_id : Out(8)
     qp_req, qp_resp : In(Lookup)   QP context + state, for requester and responder.
-    mr_req, mr_resp : In(Lookup)   memory-region entries.
+    mr_wr : Out(stream)            SET_MR: {slot, entry} into the MR cache.
+    icm_mr_base : Out(64)          host address of the MR table (MAP_ICM).
     cq : In(Lookup)                CQ contexts, for the completion engine.
     bind : In(Lookup)              doorbell register bound to a QP.
     qp_event : Out(QpEvent)        consumers must always be ready.
@@ -71,8 +79,9 @@ class Context(wiring.Component):
             "node_id": Out(8),
             "qp_req": In(Lookup(self.qpn_bits, QP_LOOKUP)),
             "qp_resp": In(Lookup(self.qpn_bits, QP_LOOKUP)),
-            "mr_req": In(Lookup(self.mr_bits, MR_ENTRY)),
-            "mr_resp": In(Lookup(self.mr_bits, MR_ENTRY)),
+            "mr_wr": Out(stream.Signature(data.StructLayout({
+                "slot": self.mr_bits, "entry": MR_ENTRY}))),
+            "icm_mr_base": Out(64),
             "cq": In(Lookup(self.cqn_bits, CQ_CTX)),
             "bind": In(Lookup(self.qpn_bits, DB_INDEX_BITS)),
             "qp_event": Out(QpEvent()),
@@ -88,10 +97,9 @@ class Context(wiring.Component):
 
         m.submodules.qp_mem = qp_mem = memory.Memory(shape=QP_CTX, depth=cfg.n_qps, init=[])
         m.submodules.cq_mem = cq_mem = memory.Memory(shape=CQ_CTX, depth=cfg.n_cqs, init=[])
-        m.submodules.mr_mem = mr_mem = memory.Memory(shape=MR_ENTRY, depth=cfg.n_mrs, init=[])
         m.submodules.bind_mem = bind_mem = memory.Memory(
             shape=DB_INDEX_BITS, depth=cfg.n_qps, init=[])
-        qp_wr, cq_wr, mr_wr, bind_wr = (mem.write_port() for mem in (qp_mem, cq_mem, mr_mem, bind_mem))
+        qp_wr, cq_wr, bind_wr = (mem.write_port() for mem in (qp_mem, cq_mem, bind_mem))
 
         states = Array(Signal(QpState, name=f"qp{i}_state") for i in range(cfg.n_qps))
 
@@ -100,9 +108,6 @@ class Context(wiring.Component):
             rp = qp_mem.read_port(domain="comb")
             m.d.comb += [rp.addr.eq(port.index), port.data.ctx.eq(rp.data),
                          port.data.state.eq(states[port.index])]
-        for port in (self.mr_req, self.mr_resp):
-            rp = mr_mem.read_port(domain="comb")
-            m.d.comb += [rp.addr.eq(port.index), port.data.eq(rp.data)]
         rp = cq_mem.read_port(domain="comb")
         m.d.comb += [rp.addr.eq(self.cq.index), self.cq.data.eq(rp.data)]
         rp = bind_mem.read_port(domain="comb")
@@ -128,12 +133,22 @@ class Context(wiring.Component):
                         m.d.sync += self.bus.rdata.eq(args.word_select(i, 64))
 
         cmd_go = Signal()
+        # SET_MR in progress: the entry waits for the MR cache, CMD reads BUSY
+        mr_pend = Signal()
+        mr_mapped = Signal()
+        mr_base = Signal(64)
+        mr_slot = Signal(self.mr_bits)
+        mr_entry = Signal(MR_ENTRY)
+        m.d.comb += [self.mr_wr.valid.eq(mr_pend), self.mr_wr.payload.slot.eq(mr_slot),
+                     self.mr_wr.payload.entry.eq(mr_entry), self.icm_mr_base.eq(mr_base)]
+        with m.If(self.mr_wr.valid & self.mr_wr.ready):
+            m.d.sync += [mr_pend.eq(0), status.eq(CmdStatus.OK)]
         with m.If(self.bus.we):
             with m.Switch(addr):
                 with m.Case(Reg.NODE_ID):
                     m.d.sync += node_id.eq(self.bus.wdata)
                 with m.Case(Reg.CMD):
-                    m.d.comb += cmd_go.eq(1)
+                    m.d.comb += cmd_go.eq(~mr_pend)
                 for i in range(ARG_WORDS):
                     with m.Case(ARG_BASE + 8 * i):
                         m.d.sync += args.word_select(i, 64).eq(self.bus.wdata)
@@ -160,7 +175,6 @@ class Context(wiring.Component):
         m.d.comb += [
             qp_wr.addr.eq(index), qp_wr.data.eq(qp_args),
             cq_wr.addr.eq(index), cq_wr.data.eq(cq_args),
-            mr_wr.addr.eq(index), mr_wr.data.eq(mr_args),
             bind_wr.addr.eq(index), bind_wr.data.eq(args[:DB_INDEX_BITS]),
         ]
 
@@ -220,8 +234,20 @@ class Context(wiring.Component):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)
                     with m.Elif(((mr_args.key >> 8) & (cfg.n_mrs - 1)) != index):
                         m.d.sync += status.eq(CmdStatus.BAD_VALUE)
+                    with m.Elif(~mr_mapped):
+                        m.d.sync += status.eq(CmdStatus.BAD_STATE)
                     with m.Else():
-                        m.d.comb += mr_wr.en.eq(1)
+                        m.d.sync += [mr_pend.eq(1), mr_slot.eq(index), mr_entry.eq(mr_args),
+                                     status.eq(CmdStatus.BUSY)]
+                with m.Case(Cmd.MAP_ICM):
+                    with m.If(index != IcmTable.MR):
+                        m.d.sync += status.eq(CmdStatus.BAD_INDEX)
+                    with m.Elif(args[:12] != 0):
+                        m.d.sync += status.eq(CmdStatus.BAD_VALUE)
+                    with m.Elif(mr_mapped):
+                        m.d.sync += status.eq(CmdStatus.BAD_STATE)
+                    with m.Else():
+                        m.d.sync += [mr_mapped.eq(1), mr_base.eq(args[:64])]
                 with m.Case(Cmd.BIND_DB):
                     with m.If(index >= cfg.n_qps):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)

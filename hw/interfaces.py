@@ -27,7 +27,7 @@ from amaranth.utils import bits_for
 from . import formats, regmap
 
 __all__ = [
-    "beat_layout", "BeatStream", "MmioSignature", "Lookup",
+    "beat_layout", "BeatStream", "MmioSignature", "Lookup", "CtxLookup",
     "DoorbellEvent", "QpEvent", "CqeRequest", "PacketOut",
     "QP_LOOKUP", "QP_EVENT", "CQ_EVENT", "CqEvent", "QpErrRequest",
     "DMA_USER_TAG_BITS", "DMA_MAX_LEN", "dma_rd_req_layout", "dma_rd_data_layout", "DmaReadPort",
@@ -73,6 +73,17 @@ def Lookup(index_width, data_shape):
     return wiring.Signature({
         "index": Out(index_width),
         "data": In(data_shape),
+    })
+
+
+def CtxLookup(index_width, data_shape):
+    """Request/response table read (a context behind a cache): the client offers ``index`` on
+    ``req`` and takes ``{data, err}`` on ``resp``, however many cycles later. ``err``: the
+    entry could not be read (a DMA error on its fill); ``data`` is then meaningless. A
+    client has at most one request outstanding per port."""
+    return wiring.Signature({
+        "req": Out(stream.Signature(data.StructLayout({"index": index_width}))),
+        "resp": In(stream.Signature(data.StructLayout({"data": data_shape, "err": 1}))),
     })
 
 

@@ -34,7 +34,7 @@ from .formats import MR_ENTRY
 __all__ = ["Reg", "Cmd", "CmdStatus", "Counter", "QP_CTX", "CQ_CTX",
            "ID_VALUE", "ARG_WORDS", "DOORBELL_BASE", "COUNTER_BASE", "ARG_BASE",
            "BLUEFLAME_BASE", "BLUEFLAME_BYTES", "DMA_READ_CLIENTS", "DMA_WRITE_CLIENTS",
-           "LEGAL_TRANSITIONS", "mkey_index"]
+           "LEGAL_TRANSITIONS", "mkey_index", "IcmTable", "MR_ICM_ENTRY_BYTES"]
 
 ID_VALUE = 0x524E_4943_0001
 ARG_BASE = 0x0040
@@ -62,14 +62,24 @@ class Cmd(enum.IntEnum):
     SET_CQ = 3       # index CQN, args CQ_CTX
     SET_MR = 4       # index MR slot, args MR_ENTRY (the key's bits 15:8 must equal the slot)
     BIND_DB = 5      # index QPN, ARG0 doorbell register number
+    MAP_ICM = 6      # index IcmTable, ARG0 host address of the table (4 KB aligned); once
+
+
+#: Bytes per MR entry in ICM (MR_ENTRY, 24 bytes, zero-padded to a power of two).
+MR_ICM_ENTRY_BYTES = 32
+
+
+class IcmTable(enum.IntEnum):
+    """Context tables the NIC keeps in host memory (ICM), the index of ``MAP_ICM``."""
+    MR = 0           # n_mrs entries of MR_ICM_ENTRY_BYTES (32): MR_ENTRY, zero-padded
 
 
 class CmdStatus(enum.IntEnum):
     """What ``CMD`` reads back after a command (docs/formats.md, "Command interface and status").
 
     ``BUSY`` is the only transient status: the command is still in progress and the driver
-    reads ``CMD`` again (this model's commands take effect in one cycle, so its RTL never
-    returns it; it is reserved for a command engine that takes longer). Every other non-OK
+    reads ``CMD`` again (``SET_MR`` until the MR cache has taken the entry; the other
+    commands take effect in one cycle). Every other non-OK
     status is a permanent refusal that changed nothing: the driver raises at once. The split
     follows mlx5's command statuses, where "resource busy" (``MLX5_CMD_STAT_RES_BUSY``) and
     "bad resource state" (``MLX5_CMD_STAT_BAD_RES_STATE_ERR``) are distinct
@@ -80,7 +90,8 @@ class CmdStatus(enum.IntEnum):
     BAD_TRANSITION = 2   # MODIFY_QP: (current, new) state pair not in LEGAL_TRANSITIONS
     BAD_VALUE = 3        # an argument out of range (sizes, CQ numbers, key bits, state value)
     BAD_OPCODE = 4       # no such command
-    BUSY = 5             # command in progress: read CMD again (never returned by this RTL)
+    BUSY = 5             # command in progress: read CMD again (SET_MR until the MR cache
+                         # has taken the entry)
     BAD_STATE = 6        # the object is not in a state that allows this command (SET_QP
                          # on a QP that is not in RESET)
 
@@ -166,11 +177,19 @@ class Counter(enum.IntEnum):
     WR_ATOMIC_BYTES = 62
     WR_CQE_REQS = 63
     WR_CQE_BYTES = 64
+    RD_ICM_REQS = 65       # context tables in host memory: cache fills ...
+    RD_ICM_BYTES = 66
+    WR_ICM_REQS = 67       # ... and write-backs
+    WR_ICM_BYTES = 68
+    MR_CACHE_HITS = 69     # MR cache (hw/ctx/mr_cache.py): lookups and SET_MR writes that hit
+    MR_CACHE_MISSES = 70
+    MR_CACHE_EVICTIONS = 71
+    MR_CACHE_WRITEBACKS = 72
 
 
 #: The NIC's DMA clients, in port order (hw/rnic.py), with their counter names.
-DMA_READ_CLIENTS = ("WQE", "PAYLOAD", "RESP_DATA", "RECV_WQE", "ATOMIC")
-DMA_WRITE_CLIENTS = ("REQ_DATA", "RESP_DATA", "ATOMIC", "CQE")
+DMA_READ_CLIENTS = ("WQE", "PAYLOAD", "RESP_DATA", "RECV_WQE", "ATOMIC", "ICM")
+DMA_WRITE_CLIENTS = ("REQ_DATA", "RESP_DATA", "ATOMIC", "CQE", "ICM")
 
 
 #: Static part of a queue pair's context, set by SET_QP (ARG0 holds bits 63:0).

@@ -34,7 +34,10 @@ Structure
       of successive packets overlap; a header leaves only once its whole payload is in the
       buffer (store and forward), so a packet on ``tx`` never waits on host memory;
     * a memory of ``n_qps * max_outstanding`` entries holds each QP's in-order list of sent
-      messages (:data:`TRACKER_ENTRY`).
+      messages (:data:`TRACKER_ENTRY`);
+    * the lkey of a WQE with a local buffer is looked up on ``mr`` (``CtxLookup``, request /
+      response: the MR cache of :mod:`hw.ctx.mr_cache`) in states MR_REQ / MR_RESP, between
+      taking the WQE and checking it; a lookup that fails (``err``) counts as an invalid key.
 
 Parameters: ``cfg`` (:class:`~hw.config.NicConfig`), ``fetch_depth`` (WQE fetch DMA reads
 in flight, of different QPs, in [1, 16]; default ``cfg.fetch_depth``). The batch size,
@@ -162,7 +165,7 @@ from . import formats, regmap
 from .config import NicConfig
 from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .arbiter import StreamArbiter
-from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, DmaReadPort, DmaWritePort,
+from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent, beat_layout)
 from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
@@ -223,7 +226,7 @@ class Requester(wiring.Component):
             "db": In(DoorbellEvent()),
             "qp_event": In(QpEvent()),
             "qp": Out(Lookup(self.qpn_bits, QP_LOOKUP)),
-            "mr": Out(Lookup(self.mr_bits, formats.MR_ENTRY)),
+            "mr": Out(CtxLookup(max(1, self.mr_bits), formats.MR_ENTRY)),
             "node_id": In(8),
             "wqe_rd": Out(DmaReadPort(W)),
             "pay_rd": Out(DmaReadPort(W)),
@@ -369,8 +372,9 @@ class Requester(wiring.Component):
         # ---------------- lookups (the QP lookup belongs to the send FSM)
         m.d.comb += self.qp.index.eq(cur)
         ctx = self.qp.data.ctx
-        m.d.comb += self.mr.index.eq(wqe.lkey[8:8 + self.mr_bits])
-        mr = self.mr.data
+        # the lkey's MR entry, looked up (request / response) between FETCH_WAIT and CHECK
+        mr = Signal(formats.MR_ENTRY)
+        m.d.comb += self.mr.req.payload.index.eq(wqe.lkey[8:8 + self.mr_bits])
 
         m.d.comb += trk_rd.addr.eq(Cat(head[cur][:mo_bits], cur))
         ent = trk_rd.data
@@ -1002,8 +1006,26 @@ class Requester(wiring.Component):
                 m.d.comb += [fetch.wqe.ready.eq(1), lk_free.eq(~flushing)]
                 with m.If(fetch.wqe.valid):
                     m.d.comb += self.stat_wqe_fetch.eq(1)
-                    m.d.sync += [wqe.eq(fetch.wqe.payload.wqe), wqe_err.eq(fetch.wqe.payload.err),
+                    fw = fetch.wqe.payload
+                    m.d.sync += [wqe.eq(fw.wqe), wqe_err.eq(fw.err),
                                  batch_left.eq(batch_left - 1)]
+                    # only a WQE with a local buffer to check needs its lkey's entry
+                    with m.If(flushing | fw.err | (fw.wqe.length == 0)):
+                        m.next = "CHECK"
+                    with m.Else():
+                        m.next = "MR_REQ"
+
+            with m.State("MR_REQ"):
+                m.d.comb += [self.mr.req.valid.eq(1), lk_free.eq(~flushing)]
+                with m.If(self.mr.req.ready):
+                    m.next = "MR_RESP"
+
+            with m.State("MR_RESP"):
+                m.d.comb += [self.mr.resp.ready.eq(1), lk_free.eq(~flushing)]
+                with m.If(self.mr.resp.valid):
+                    # an entry that could not be read is no valid entry: LOC_PROT_ERR
+                    m.d.sync += mr.eq(Mux(self.mr.resp.payload.err, 0,
+                                          self.mr.resp.payload.data))
                     m.next = "CHECK"
 
             with m.State("NEXT"):

@@ -128,7 +128,9 @@ packet being processed, that packet's state write-back and its QP-error request 
 Ports
 -----
 ``rx``: ``In(PacketOut(W))``, ``tx``: ``Out(PacketOut(W))``, ``node_id``: ``In(8)``,
-``qp``: ``Out(Lookup(log2(n_qps), QP_LOOKUP))``, ``mr``: ``Out(Lookup(log2(n_mrs), MR_ENTRY))``,
+``qp``: ``Out(Lookup(log2(n_qps), QP_LOOKUP))``, ``mr``: ``Out(CtxLookup(log2(n_mrs), MR_ENTRY))``
+(request / response: the MR cache, looked up in states MR_REQ / MR_RESP before CHECK for a
+WRITE FIRST / ONLY, READ or atomic, and WQE_MR_REQ / WQE_MR_RESP for a receive WQE's lkey),
 ``qp_event``: ``In(QpEvent())``, ``rq_db``: ``In(DoorbellEvent())``, ``set_err``: ``Out(QpErrRequest())``,
 ``rd_data``, ``rd_wqe``, ``at_rd``: ``Out(DmaReadPort(W))``, ``wr``, ``at_wr``:
 ``Out(DmaWritePort(W))``, ``cqe``: ``Out(CqeRequest())``,
@@ -153,7 +155,7 @@ from .formats import (BthOpcode as Op, AethSyndrome as Syn, Access, QpState, WcO
                       PKT_META, RECV_WQE, RECV_WQE_BYTES, CQE_FLAG_IMM, MR_ENTRY)
 from .arbiter import StreamArbiter
 from .formats import CQE
-from .interfaces import (PacketOut, Lookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
+from .interfaces import (PacketOut, Lookup, CtxLookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
                          DmaReadPort, DmaWritePort, CqeRequest, beat_layout)
 from .lib.write_gate import WriteGate
 from .regmap import mkey_index  # noqa: F401  (the MR slot computed below is the same function)
@@ -238,7 +240,7 @@ class Responder(wiring.Component):
             "tx": Out(PacketOut(W)),
             "node_id": In(8),
             "qp": Out(Lookup(self.qpn_bits, QP_LOOKUP)),
-            "mr": Out(Lookup(self.mr_bits, MR_ENTRY)),
+            "mr": Out(CtxLookup(max(1, self.mr_bits), MR_ENTRY)),
             "qp_event": In(QpEvent()),
             "rq_db": In(DoorbellEvent()),
             "set_err": Out(QpErrRequest()),
@@ -352,12 +354,13 @@ class Responder(wiring.Component):
         rq_empty = s.ci == pi_r
 
         # ---- memory-region check -----------------------------------------------------
+        # the key's MR entry, looked up (request / response) before CHECK and WQE_CHECK
         mr_key = Signal(32)
+        e = Signal(MR_ENTRY)
         m.d.comb += [
             mr_key.eq(pk.rkey),
-            self.mr.index.eq(mr_key[8:8 + self.mr_bits]),
+            self.mr.req.payload.index.eq(mr_key[8:8 + self.mr_bits]),
         ]
-        e = self.mr.data
 
         def mr_ok(right, va, length, remote):
             right = Access(right).value
@@ -491,7 +494,23 @@ class Responder(wiring.Component):
 
             with m.State("LOAD"):
                 m.d.sync += [s.eq(st_rd.data), pi_r.eq(pi_rd.data)]
-                m.next = "CHECK"
+                # the requests that name an rkey look its MR entry up first
+                with m.If(is_write_first | is_read | is_atomic):
+                    m.next = "MR_REQ"
+                with m.Else():
+                    m.next = "CHECK"
+
+            with m.State("MR_REQ"):
+                m.d.comb += self.mr.req.valid.eq(1)
+                with m.If(self.mr.req.ready):
+                    m.next = "MR_RESP"
+
+            with m.State("MR_RESP"):
+                m.d.comb += self.mr.resp.ready.eq(1)
+                with m.If(self.mr.resp.valid):
+                    # an entry that could not be read is no valid entry: an access error
+                    m.d.sync += e.eq(Mux(self.mr.resp.payload.err, 0, self.mr.resp.payload.data))
+                    m.next = "CHECK"
 
             with m.State("CHECK"):
                 with m.If(~qpn_ok | ~state_ok):
@@ -629,7 +648,21 @@ class Responder(wiring.Component):
                         with m.If(is_wimm):
                             m.next = "WQE_IMM"
                         with m.Else():
-                            m.next = "WQE_CHECK"
+                            m.next = "WQE_MR_REQ"
+
+            with m.State("WQE_MR_REQ"):
+                # the receive WQE's lkey (a WQE that could not be read is not looked at)
+                m.d.comb += [mr_key.eq(wqe.lkey), self.mr.req.valid.eq(~wqe_err)]
+                with m.If(wqe_err):
+                    m.next = "WQE_CHECK"
+                with m.Elif(self.mr.req.ready):
+                    m.next = "WQE_MR_RESP"
+
+            with m.State("WQE_MR_RESP"):
+                m.d.comb += self.mr.resp.ready.eq(1)
+                with m.If(self.mr.resp.valid):
+                    m.d.sync += e.eq(Mux(self.mr.resp.payload.err, 0, self.mr.resp.payload.data))
+                    m.next = "WQE_CHECK"
 
             with m.State("WQE_IMM"):
                 with m.If(wqe_err):

@@ -5,12 +5,13 @@
               MMIO (host.req / rdata)                 host port: TLPs (down / up)
                |                                        ^   |
          MmioFrontend -- bf -->                    HostInterface (DMA engines)
-               | register bus                       5 read clients, 4 write clients
-   +-----------+-----------+----------+             ^   ^   ^   ^   ^    ^ ^ ^ ^
-   | context   doorbells   counters  events        wqe pay rdata rwqe at  ...
-   +-----+-----------+-----+                         |   |     |   |   |
-         |           | sq_db                     requester  responder (+ atomic unit)
-         |           v                                      completion (CQEs)
+               | register bus                       6 read clients, 5 write clients
+   +-----------+-----------+----------+             ^   ^   ^   ^   ^  ^   ^ ^ ^ ^ ^
+   | context   doorbells   counters  events        wqe pay rdata rwqe at icm ...
+   +-----+-----------+-----+                         |   |     |   |   |  |
+         |  SET_MR   | sq_db                     requester  responder  |  (+ atomic unit)
+         +--> MR cache (ICM) <-- lkey / rkey lookups -------+----------+  completion (CQEs)
+         |           v
          |      +-----------+   tx meta/payload
          +----->| requester |------+---> PacketArbiter --> Packetizer ---> tx frames
          |      +-----------+      |          ^
@@ -39,6 +40,7 @@ from .completion import Completion
 from .config import NicConfig
 from .context import Context
 from .counters import Counters
+from .ctx.mr_cache import MR_ICM_ENTRY_BYTES, MrCache
 from .depacketizer import Depacketizer
 from .dispatch import PacketDemux
 from .dma.host_if import HostInterface
@@ -79,12 +81,14 @@ class Rnic(wiring.Component):
         # DMA read clients (regmap.DMA_READ_CLIENTS): largest request and ring of each
         fetch_depth = cfg.fetch_depth
         batch = cfg.wqe_batch
-        self.rd_max_len = [batch * WQE_BYTES, cfg.mtu, cfg.mtu, RECV_WQE_BYTES, 8]
+        self.rd_max_len = [batch * WQE_BYTES, cfg.mtu, cfg.mtu, RECV_WQE_BYTES, 8,
+                           MR_ICM_ENTRY_BYTES]
         self.rings = [ring_words_for(W, batch * WQE_BYTES, mrrs, batch * WQE_BYTES * fetch_depth),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
                       ring_words_for(W, RECV_WQE_BYTES, mrrs),
-                      ring_words_for(W, 8, mrrs)]
+                      ring_words_for(W, 8, mrrs),
+                      ring_words_for(W, MR_ICM_ENTRY_BYTES, mrrs)]
         assert len(self.rings) == len(DMA_READ_CLIENTS)
         super().__init__({
             "mmio": In(MmioPort()),
@@ -100,6 +104,7 @@ class Rnic(wiring.Component):
         W = cfg.data_bytes
 
         m.submodules.context = context = Context(cfg)
+        m.submodules.mr_cache = mr_cache = MrCache(cfg)
         m.submodules.doorbells = doorbells = Doorbells(cfg)
         m.submodules.counters = counters = Counters()
         m.submodules.events = events = AsyncEvents()
@@ -138,8 +143,11 @@ class Rnic(wiring.Component):
         # Tables.
         wiring.connect(m, req.qp, context.qp_req)
         wiring.connect(m, resp.qp, context.qp_resp)
-        wiring.connect(m, req.mr, context.mr_req)
-        wiring.connect(m, resp.mr, context.mr_resp)
+        # memory regions: in host memory (ICM) behind the MR cache
+        wiring.connect(m, req.mr, mr_cache.lk[0])
+        wiring.connect(m, resp.mr, mr_cache.lk[1])
+        wiring.connect(m, context.mr_wr, mr_cache.wr)
+        m.d.comb += mr_cache.base.eq(context.icm_mr_base)
         wiring.connect(m, comp.cq, context.cq)
         wiring.connect(m, doorbells.bind, context.bind)
 
@@ -163,8 +171,9 @@ class Rnic(wiring.Component):
         wiring.connect(m, resp.cqe, comp.i1)
 
         # DMA: every user has a port of its own on the host interface.
-        rd_clients = (req.wqe_rd, req.pay_rd, resp.rd_data, resp.rd_wqe, resp.at_rd)
-        wr_clients = (req.dma_wr, resp.wr, resp.at_wr, comp.dma_wr)
+        rd_clients = (req.wqe_rd, req.pay_rd, resp.rd_data, resp.rd_wqe, resp.at_rd,
+                      mr_cache.dma_rd)
+        wr_clients = (req.dma_wr, resp.wr, resp.at_wr, comp.dma_wr, mr_cache.dma_wr)
         for c, port in enumerate(rd_clients):
             wiring.connect(m, port, hif.rd[c])
         for c, port in enumerate(wr_clients):
@@ -243,6 +252,10 @@ class Rnic(wiring.Component):
             Counter.RNR_NAKS_RECEIVED: req.stat_rnr_rx,
             Counter.RETRY_EXCEEDED: req.stat_retry_exc,
             Counter.RESP_DROPS: req.stat_resp_drop,
+            Counter.MR_CACHE_HITS: mr_cache.stat_hit,
+            Counter.MR_CACHE_MISSES: mr_cache.stat_miss,
+            Counter.MR_CACHE_EVICTIONS: mr_cache.stat_evict,
+            Counter.MR_CACHE_WRITEBACKS: mr_cache.stat_writeback,
         }
         # per DMA client, and their totals: requests asked for and bytes
         rd_req = [p.req.valid & p.req.ready for p in rd_clients]

@@ -59,8 +59,8 @@ from hw.formats import (Access, QpState, WcOpcode, WcStatus, WrOpcode, CQE, CQE_
                         CQE_FLAG_IMM, CQE_FLAG_OWNER, DOORBELL, MR_ENTRY, RECV_WQE,
                         RECV_WQE_BYTES, WQE, WQE_BYTES)
 from hw.regmap import (ARG_BASE, ARG_WORDS, BLUEFLAME_BASE, BLUEFLAME_BYTES, CQ_CTX,
-                       DOORBELL_BASE, COUNTER_BASE, ID_VALUE, LEGAL_TRANSITIONS, QP_CTX, Cmd,
-                       CmdStatus, Counter, Reg)
+                       DOORBELL_BASE, COUNTER_BASE, ID_VALUE, LEGAL_TRANSITIONS,
+                       MR_ICM_ENTRY_BYTES, QP_CTX, Cmd, CmdStatus, Counter, IcmTable, Reg)
 
 __all__ = [
     "Memory", "Mmio", "SendFlags", "SGE", "SendWR", "RecvWR", "WC", "VerbsError",
@@ -585,6 +585,8 @@ class Context:
         # at least one register stays shared, so later QPs always have somewhere to go
         self.dedicated_doorbells = min(dedicated_doorbells, max(0, nic_cfg.n_doorbells - 1))
         self._brk = host_base
+        self._top = host_base + host_size     # the allocator's end (ICM sits above it)
+        self.icm_mr_base = None
         self._next_pd = 1
         self._mr_slots = [None] * nic_cfg.n_mrs
         self._mr_tag = 0
@@ -601,12 +603,28 @@ class Context:
         return int(await _maybe_await(self.mmio.read(int(addr))))
 
     async def open(self, check_id=True):
-        """Check the ``ID`` register and program ``NODE_ID``."""
+        """Check the ``ID`` register, program ``NODE_ID`` and map the NIC's context memory.
+
+        ICM (the MR table, ``n_mrs`` entries of 32 bytes) takes the top of the host region,
+        4 KB aligned, out of the allocator's reach; the driver zeroes it (every entry
+        invalid) and hands it over with ``MAP_ICM`` (as mlx5 gives the firmware ICM pages
+        at start-up, before any object is created).
+        """
         if check_id:
             ident = await self.mmio_read(Reg.ID)
             if ident != ID_VALUE:
                 raise VerbsError(f"ID register reads {ident:#x}, expected {ID_VALUE:#x}")
         await self.mmio_write(Reg.NODE_ID, self.node_id)
+        if self.icm_mr_base is None:
+            size = self.cfg.n_mrs * MR_ICM_ENTRY_BYTES
+            base = (self._top - size) & ~0xFFF
+            if base < self._brk:
+                raise VerbsError(f"host memory exhausted: the {size}-byte MR table (ICM) does "
+                                 f"not fit above {self._brk:#x}", ENOMEM)
+            await _maybe_await(self.mem.write(base, bytes(size)))
+            await self.command(Cmd.MAP_ICM, IcmTable.MR, base.to_bytes(8, "little"))
+            self._top = base
+            self.icm_mr_base = base
         return self
 
     async def command(self, cmd, index, args=b""):
@@ -652,10 +670,9 @@ class Context:
         _check_int("size", size, 1, self.host_size)
         _check_pow2("align", align, 1, 1 << 30)
         addr = (self._brk + align - 1) & ~(align - 1)
-        if addr + size > self.host_base + self.host_size:
+        if addr + size > self._top:
             raise VerbsError(f"host memory exhausted: {size} bytes do not fit in "
-                             f"[{self.host_base:#x}, {self.host_base + self.host_size:#x})",
-                             ENOMEM)
+                             f"[{self.host_base:#x}, {self._top:#x})", ENOMEM)
         self._brk = addr + size
         return addr
 

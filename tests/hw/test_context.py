@@ -9,7 +9,7 @@ from hw.config import NicConfig
 from hw.context import Context
 from hw.formats import MR_ENTRY, QpState, Access
 from hw.regmap import (Reg, Cmd, CmdStatus, QP_CTX, CQ_CTX, ARG_BASE, ID_VALUE,
-                       LEGAL_TRANSITIONS)
+                       LEGAL_TRANSITIONS, IcmTable)
 
 CFG = NicConfig(data_bytes=8, n_qps=4, n_cqs=4, n_mrs=4, n_doorbells=4)
 
@@ -76,15 +76,33 @@ def test_registers_and_tables():
         bad = layout_int(QP_CTX, send_cq=CFG.n_cqs)
         assert await command(ctx, bus, Cmd.SET_QP, 1, bad) == CmdStatus.BAD_VALUE
         assert await command(ctx, bus, 0x77, 0) == CmdStatus.BAD_OPCODE
-        # MR: the key must name the slot.
+        # MR: the table lives in ICM, mapped once; the key must name the slot.
         mr = layout_int(MR_ENTRY, base=0x4000, length=0x100, key=(3 << 8) | 0x5A, pd=7,
                         access=15, valid=1)
-        assert await command(ctx, bus, Cmd.SET_MR, 3, mr) == CmdStatus.OK
+        assert await command(ctx, bus, Cmd.SET_MR, 3, mr) == CmdStatus.BAD_STATE
+        assert ctx.get(dut.mr_wr.valid) == 0
+        assert await command(ctx, bus, Cmd.MAP_ICM, 1, 0x10_0000) == CmdStatus.BAD_INDEX
+        assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.MR, 0x10_0800) == CmdStatus.BAD_VALUE
+        assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.MR, 0x10_0000) == CmdStatus.OK
+        assert ctx.get(dut.icm_mr_base) == 0x10_0000
+        assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.MR, 0x20_0000) == CmdStatus.BAD_STATE
+        assert ctx.get(dut.icm_mr_base) == 0x10_0000
+        # SET_MR reads BUSY until the MR cache takes the entry; a command meanwhile is ignored
+        assert await command(ctx, bus, Cmd.SET_MR, 3, mr) == CmdStatus.BUSY
+        assert ctx.get(dut.mr_wr.valid) == 1
+        assert ctx.get(dut.mr_wr.payload.slot) == 3
+        assert ctx.get(dut.mr_wr.payload.entry.as_value()) == mr
+        assert await command(ctx, bus, Cmd.BIND_DB, 1, 2) == CmdStatus.BUSY
+        ctx.set(dut.bind.index, 1)
+        assert ctx.get(dut.bind.data) == 0
+        ctx.set(dut.mr_wr.ready, 1)
+        await ctx.tick()
+        ctx.set(dut.mr_wr.ready, 0)
+        assert ctx.get(dut.mr_wr.valid) == 0
+        assert await mmio_read(ctx, bus, Reg.CMD) == CmdStatus.OK
         assert await command(ctx, bus, Cmd.SET_MR, 2, mr) == CmdStatus.BAD_VALUE
-        ctx.set(dut.mr_resp.index, 3)
-        assert ctx.get(dut.mr_resp.data).key == 0x35A
-        ctx.set(dut.mr_req.index, 2)
-        assert ctx.get(dut.mr_req.data).valid == 0
+        assert await command(ctx, bus, Cmd.SET_MR, 4, mr) == CmdStatus.BAD_INDEX
+        assert ctx.get(dut.mr_wr.valid) == 0
         # CQ and its event.
         assert await command(ctx, bus, Cmd.SET_CQ, 1, layout_int(CQ_CTX, base=0x8000, log_size=5)) == CmdStatus.OK
         ctx.set(dut.cq.index, 1)

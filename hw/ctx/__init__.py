@@ -1,0 +1,1 @@
+"""Context memory: tables the NIC keeps in host memory (ICM) and caches on chip."""
