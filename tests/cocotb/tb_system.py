@@ -432,10 +432,27 @@ async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeo
 @cocotb.test()
 async def test_random_mixed(dut):
     """Random traffic over 12 QPs (6 pairs, 3 in each direction), sizes 0 B to beyond 16 KB."""
-    sysm, sb = await run_random(dut, OPS, CFG.nic.n_qps - FIRST_QPN)
+    npairs = CFG.nic.n_qps - FIRST_QPN
+    sysm, sb = await run_random(dut, OPS, npairs)
     if CFG.host.blueflame:      # every WR is posted alone: some WQEs come by BlueFlame
         for h in (sysm.a, sysm.b):
             assert await h.ctx.read_counter(Counter.BLUEFLAME_WQES) > 0
+    # the MR table is in ICM: with fewer cache entries than regions in use, lookups miss,
+    # dirty entries (SET_MR) are written back and read again, and the scoreboard saw every
+    # byte and completion right through it
+    for h in (sysm.a, sysm.b):
+        c = await h.read_counters()
+        dut._log.info("MR cache: " + ", ".join(f"{k} {c[k]}" for k in (
+            "MR_CACHE_HITS", "MR_CACHE_MISSES", "MR_CACHE_EVICTIONS", "MR_CACHE_WRITEBACKS",
+            "RD_ICM_REQS", "RD_ICM_BYTES", "WR_ICM_REQS", "WR_ICM_BYTES")))
+        assert c["RD_ICM_BYTES"] == 32 * c["RD_ICM_REQS"]
+        assert c["WR_ICM_BYTES"] == 32 * c["WR_ICM_REQS"] == 32 * c["MR_CACHE_WRITEBACKS"]
+        assert c["RD_ICM_REQS"] <= c["MR_CACHE_MISSES"]
+        if CFG.nic.mr_cache_sets * CFG.nic.mr_cache_ways < npairs:
+            assert c["RD_ICM_REQS"] > 0 and c["MR_CACHE_EVICTIONS"] > 0
+            assert c["MR_CACHE_WRITEBACKS"] >= npairs - CFG.nic.mr_cache_sets * CFG.nic.mr_cache_ways
+        else:
+            assert c["RD_ICM_REQS"] == 0 and c["MR_CACHE_EVICTIONS"] == 0
 
 
 @cocotb.test()
