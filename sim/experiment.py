@@ -3,12 +3,14 @@
 An experiment writes ``results/<name>/`` with CSV data, PNG plots and ``summary.json``::
 
     {"experiment": name, "commit": git commit, "config": {...},
-     "targets": [{"name", "paper", "model", "unit", "tolerance", "met"}],
+     "targets": [{"name", "paper", "model", "unit", "tolerance", "met", "kind"}],
      "sim": {"cycles", "wall_s", "cycles_per_s"}}
 
 and prints its targets as a table, the paper's value beside the model's. A target is met
 when the model is within ``tolerance`` (relative) of the paper, or, for a boolean target,
 when the model is true. A missed target is reported as missed: nothing is scaled to fit.
+A target whose figure a parameter was fitted to says so (``kind`` ``"calibration"``), and the
+table prints it beside every target.
 """
 
 import dataclasses
@@ -21,14 +23,28 @@ __all__ = ["Target", "results_dir", "git_commit", "write_summary", "format_table
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+KINDS = ("prediction", "calibration")
+
+
 @dataclasses.dataclass
 class Target:
+    """One figure of the model beside the paper's.
+
+    ``kind``: ``"prediction"`` (nothing in the model was chosen to reach it) or
+    ``"calibration"`` (a parameter was fitted to this figure, so meeting it shows that the fit
+    holds, not that the model predicts it). Anything else is a ``ValueError``.
+    """
     name: str
     paper: object
     model: object
     unit: str = ""
     tolerance: float = 0.1
     note: str = ""
+    kind: str = "prediction"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {self.kind!r}")
 
     @property
     def met(self):
@@ -43,7 +59,7 @@ class Target:
 
     def as_dict(self):
         d = {"name": self.name, "paper": self.paper, "model": self.model, "unit": self.unit,
-             "tolerance": self.tolerance, "met": self.met}
+             "tolerance": self.tolerance, "met": self.met, "kind": self.kind}
         if self.note:
             d["note"] = self.note
         return d
@@ -118,11 +134,12 @@ def _fmt(v):
 
 
 def format_table(summary):
-    rows = [("target", "paper", "model", "unit", "tolerance", "met")]
+    rows = [("target", "paper", "model", "unit", "tolerance", "met", "kind")]
     for t in summary["targets"]:
         rows.append((t["name"], _fmt(t["paper"]), _fmt(t["model"]), t["unit"],
                      f"{t['tolerance']:.0%}" if not isinstance(t["paper"], bool) else "-",
-                     "n/a" if t["met"] is None else "yes" if t["met"] else "NO"))
+                     "n/a" if t["met"] is None else "yes" if t["met"] else "NO",
+                     t.get("kind", "prediction")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

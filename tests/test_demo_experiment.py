@@ -31,8 +31,15 @@ def test_demo_runs(runs, host):
     summary, d = runs[host]
     assert summary["config"]["host"] == host
     targets = {t["name"]: t for t in summary["targets"]}
-    assert 0.5 < targets["read_rtt_us"]["model"] < 5.0
+    assert 0.5 < targets["unloaded_read_rtt_us"]["model"] < 5.0
+    assert targets["unloaded_read_rtt_us"]["paper"] is None
     assert targets["mops"]["model"] > 0 and targets["mops"]["paper"] is None   # no paper figure
+    # the loaded round trip is Little's law on the closed loop: 4 QPs x depth 2 / Mops, and
+    # at least the unloaded one (requests of a batch wait for each other)
+    loaded = targets["read_rtt_us"]["model"]
+    assert loaded == pytest.approx(8 / targets["mops"]["model"], abs=0.002)
+    assert loaded >= 0.95 * targets["unloaded_read_rtt_us"]["model"]
+    assert {t["kind"] for t in summary["targets"]} == {"prediction"}     # small: nothing fitted
     assert (d / "demo.png").stat().st_size > 1000 and (d / "rtt.csv").exists()
     assert json.loads((d / "summary.json").read_text())["experiment"] == "demo"
     counters = summary["extra"]["counters"]
@@ -54,5 +61,6 @@ def test_demo_hosts_agree(runs):
     py = {t["name"]: t["model"] for t in runs["python"][0]["targets"]}
     rtl = {t["name"]: t["model"] for t in runs["rtl"][0]["targets"]}
     two_cycles_us = 2 / preset("small").nic.clock_mhz
-    assert abs(rtl["read_rtt_us"] - py["read_rtt_us"]) <= 0.01 * py["read_rtt_us"] + two_cycles_us
+    assert (abs(rtl["unloaded_read_rtt_us"] - py["unloaded_read_rtt_us"])
+            <= 0.01 * py["unloaded_read_rtt_us"] + two_cycles_us)
     assert rtl["mops"] == pytest.approx(py["mops"], rel=0.10)

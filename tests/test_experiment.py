@@ -13,7 +13,11 @@ def test_target_met():
     assert not Target("x", 1.0, None).met
     assert Target("no paper figure", None, 3.0).met is None      # reported, not judged
     d = Target("mops", 5.1, 4.0, "Mops", 0.1).as_dict()
-    assert set(d) == {"name", "paper", "model", "unit", "tolerance", "met"} and d["met"] is False
+    assert set(d) == {"name", "paper", "model", "unit", "tolerance", "met", "kind"}
+    assert d["met"] is False and d["kind"] == "prediction"
+    assert Target("rtt", 2.35, 2.4, kind="calibration").as_dict()["kind"] == "calibration"
+    with pytest.raises(ValueError, match=r"kind must be one of \('prediction', 'calibration'\), not 'fit'"):
+        Target("rtt", 2.35, 2.4, kind="fit")
 
 
 def test_parse_params():
@@ -31,6 +35,8 @@ def test_table_marks_missed_targets():
                "sim": {"cycles": 10, "wall_s": 1.0, "cycles_per_s": 10.0}, "commit": "abc"}
     text = format_table(summary)
     assert "yes" in text and "NO" in text
+    summary["targets"].append(Target("c", 2.0, 2.0, kind="calibration").as_dict())
+    assert format_table(summary).splitlines()[4].split()[-1] == "calibration"
 
 
 def test_system_config_host():
