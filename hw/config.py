@@ -62,6 +62,11 @@ class NicConfig:
     mr_cache_ways   ways per set (1 .. 16; a power of two for ``"plru"``).
     mr_cache_policy replacement policy, ``"lru"`` or ``"plru"`` (tree pseudo-LRU).
     mr_cache_mshrs  misses of the MR cache in flight at once (1 .. 16).
+
+    The requester's WQE cache (the send WQEs of outstanding requests; docs/caches.md):
+
+    wqe_cache_sets, wqe_cache_ways, wqe_cache_policy, wqe_cache_mshrs  as for the MR cache
+                    (sets a power of two in [1, 65536]).
     """
 
     data_bytes: int = 64
@@ -90,6 +95,10 @@ class NicConfig:
     mr_cache_ways: int = 2
     mr_cache_policy: str = "lru"
     mr_cache_mshrs: int = 2
+    wqe_cache_sets: int = 16
+    wqe_cache_ways: int = 4
+    wqe_cache_policy: str = "lru"
+    wqe_cache_mshrs: int = 2
 
     def __post_init__(self):
         _check_pow2("data_bytes", self.data_bytes, 8, 64)
@@ -126,6 +135,14 @@ class NicConfig:
         if self.mr_cache_policy == "plru":
             _check_pow2("mr_cache_ways", self.mr_cache_ways, 1, 16)
         _check_range("mr_cache_mshrs", self.mr_cache_mshrs, 1, 16)
+        _check_pow2("wqe_cache_sets", self.wqe_cache_sets, 1, 1 << 16)
+        _check_range("wqe_cache_ways", self.wqe_cache_ways, 1, 16)
+        if self.wqe_cache_policy not in ("lru", "plru"):
+            raise ValueError(f"wqe_cache_policy must be one of ('lru', 'plru'), "
+                             f"not {self.wqe_cache_policy!r}")
+        if self.wqe_cache_policy == "plru":
+            _check_pow2("wqe_cache_ways", self.wqe_cache_ways, 1, 16)
+        _check_range("wqe_cache_mshrs", self.wqe_cache_mshrs, 1, 16)
 
     @property
     def period_ns(self):
@@ -266,7 +283,8 @@ _CONNECTX6 = SystemConfig(
     name="connectx6",
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=64, n_cqs=64, n_mrs=16,
                   n_doorbells=16, mtu=4096, max_rd_atomic=16, max_outstanding=32,
-                  pipeline_ns=100.0, mr_cache_sets=8, mr_cache_ways=2),
+                  pipeline_ns=100.0, mr_cache_sets=8, mr_cache_ways=2,
+                  wqe_cache_sets=256, wqe_cache_ways=4),
     host=HostConfig(pcie_ns=150.0, host_mem_ns=100.0, pcie_gbps=128.0, mmio_ns=150.0),
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration="unloaded 8-byte READ round trip 2.35 us (SMART, ASPLOS'24, Fig. 4 at 1 depth)",
@@ -279,7 +297,8 @@ _SMALL = SystemConfig(
     name="small",
     nic=NicConfig(data_bytes=8, clock_mhz=250.0, n_qps=8, n_cqs=8, n_mrs=8,
                   n_doorbells=4, mtu=256, max_rd_atomic=16, max_outstanding=16,
-                  pipeline_ns=0.0, mr_cache_sets=2, mr_cache_ways=1),
+                  pipeline_ns=0.0, mr_cache_sets=2, mr_cache_ways=1,
+                  wqe_cache_sets=4, wqe_cache_ways=2),
     host=HostConfig(pcie_ns=40.0, host_mem_ns=20.0, pcie_gbps=64.0, mmio_ns=20.0),
     link=LinkConfig(latency_ns=100.0, gbps=100.0),
     calibration="none: a test configuration",

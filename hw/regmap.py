@@ -185,10 +185,15 @@ class Counter(enum.IntEnum):
     MR_CACHE_MISSES = 70
     MR_CACHE_EVICTIONS = 71
     MR_CACHE_WRITEBACKS = 72
+    RD_WQE_REREAD_REQS = 73   # the WQE cache reading a WQE again (a lookup missed) ...
+    RD_WQE_REREAD_BYTES = 74
+    WQE_CACHE_HITS = 75       # ... its lookups (response handling, flush): hits, misses
+    WQE_CACHE_MISSES = 76
+    WQE_CACHE_EVICTIONS = 77
 
 
 #: The NIC's DMA clients, in port order (hw/rnic.py), with their counter names.
-DMA_READ_CLIENTS = ("WQE", "PAYLOAD", "RESP_DATA", "RECV_WQE", "ATOMIC", "ICM")
+DMA_READ_CLIENTS = ("WQE", "PAYLOAD", "RESP_DATA", "RECV_WQE", "ATOMIC", "ICM", "WQE_REREAD")
 DMA_WRITE_CLIENTS = ("REQ_DATA", "RESP_DATA", "ATOMIC", "CQE", "ICM")
 
 

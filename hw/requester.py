@@ -171,6 +171,7 @@ from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
 from .scheduler import Scheduler
 from .wqe_fetch import WqeFetch
+from .ctx.wqe_cache import WqeCache, WQE_INFO
 from .bf_buffer import BlueFlameBuffer, SQ_BF
 
 __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH"]
@@ -185,9 +186,10 @@ BF_ENTRIES = NicConfig.bf_entries
 
 #: One outstanding message of a QP (``status`` non-zero: failed locally or NAKed).
 TRACKER_ENTRY = data.StructLayout({
-    "wr_id": 64,
-    "local_addr": 64,
-    "length": 32,
+    # the WQE's fields (wr_id, local_addr, length) are in the WQE cache (hw/ctx/wqe_cache.py),
+    # keyed by (QPN, index): a miss reads the WQE again from the send queue
+    "index": 16,          # the WQE's send-queue index
+    "noinfo": 1,          # the WQE could not be read: no cached copy, wr_id 0
     "first_psn": 24,
     "last_psn": 24,
     "opcode": 3,          # WrOpcode, 7 = unknown
@@ -230,6 +232,7 @@ class Requester(wiring.Component):
             "node_id": In(8),
             "wqe_rd": Out(DmaReadPort(W)),
             "pay_rd": Out(DmaReadPort(W)),
+            "reread_rd": Out(DmaReadPort(W)),
             "dma_wr": Out(DmaWritePort(W)),
             "tx": Out(PacketOut(W)),
             "rx": In(PacketOut(W)),
@@ -240,8 +243,13 @@ class Requester(wiring.Component):
         for s in STATS:
             ports[s] = Out(1)
         ports["stat_bf_miss"] = Out(range(cfg.bf_entries + 1))
-        # WRs ended by a host-interface error this cycle: a WQE, a payload read, a write
-        ports["stat_dma_err"] = Out(range(4))
+        # the WQE cache: lookups that hit, that missed (a re-read), evictions
+        ports["stat_wqe_hit"] = Out(1)
+        ports["stat_wqe_miss"] = Out(1)
+        ports["stat_wqe_evict"] = Out(1)
+        # WRs ended by a host-interface error this cycle: a WQE, a payload read, a write,
+        # a WQE read again for the WQE cache
+        ports["stat_dma_err"] = Out(range(5))
         super().__init__(ports)
 
     def elaborate(self, platform):
@@ -320,6 +328,21 @@ class Requester(wiring.Component):
         q_rnr = arr(3, "q_rnr")
         # a rewound READ resumes after the response packets it already has (IBA 9.7.5.1.5)
         rs_skip = arr(16, "rs_skip")
+        # the send queue of the QP (base, log2 size), captured like q_to: where a WQE the
+        # WQE cache no longer holds is read again
+        q_sqb = arr(64, "q_sqb")
+        q_sqlog = arr(5, "q_sqlog")
+
+        # ---------------- the WQE cache: lk[0] the response FSM, lk[1] the flush
+        m.submodules.wqec = wqec = WqeCache(cfg, max(1, self.qpn_bits))
+        wiring.connect(m, wqec.dma_rd, wiring.flipped(self.reread_rd))
+        m.d.comb += [self.stat_wqe_hit.eq(wqec.stat_hit), self.stat_wqe_miss.eq(wqec.stat_miss),
+                     self.stat_wqe_evict.eq(wqec.stat_evict)]
+
+        def wqe_addr(q, index):
+            """Host address of send-queue entry ``index`` of QP ``q``."""
+            mask = ((Const(1, 33) << q_sqlog[q]) - 1)[:16]
+            return q_sqb[q] + ((index & mask) << 6)
 
         def count(q):
             return (tail[q] - head[q])[:mo_bits + 1]
@@ -368,6 +391,7 @@ class Requester(wiring.Component):
         rcqe_silent = Signal()       # an unsignaled success: announced only if it failed
         rx_addr = Signal(64)
         rx_complete = Signal()       # this response completes the head message
+        rinfo = Signal(WQE_INFO)     # the head message's WQE fields (from the WQE cache)
 
         # ---------------- lookups (the QP lookup belongs to the send FSM)
         m.d.comb += self.qp.index.eq(cur)
@@ -510,7 +534,9 @@ class Requester(wiring.Component):
         pay_err_stat = Signal()
         gate_err_stat = Signal()
         wqe_err_stat = Signal()
-        m.d.comb += self.stat_dma_err.eq(pay_err_stat + gate_err_stat + wqe_err_stat)
+        reread_err_stat = Signal()
+        m.d.comb += self.stat_dma_err.eq(pay_err_stat + gate_err_stat + wqe_err_stat
+                                         + reread_err_stat)
         g_cqe = Signal(formats.CQE)
         g_err_sent = Signal()          # the failed completion has left, the ERR request waits
         m.d.comb += [g_cqe.eq(go.item.req.cqe), gate.clear.eq(1)]
@@ -546,6 +572,9 @@ class Requester(wiring.Component):
                                    Cat(tail[cur][:mo_bits], cur)))),
             trk_wr.data.eq(Mux(rx_trk_we, rx_trk_data, tx_trk_data)),
         ]
+
+        m.d.comb += [wqec.fill.payload.qpn.eq(cur), wqec.fill.payload.index.eq(fi[cur]),
+                     wqec.fill.payload.wqe.eq(wqe)]
 
         # ---------------- local checks on the fetched WQE
         op = wqe.opcode
@@ -732,7 +761,7 @@ class Requester(wiring.Component):
         m.d.comb += rresp_form.eq(
             Mux(at_last, rresp_end, op_first | op_mid)
             & ~((rent.rcv == 0) & ~op_first & ~(rx_op == BthOpcode.READ_RESPONSE_ONLY.value))
-            & Mux(at_last, rx_off + rxm.paylen == rent.length, rxm.paylen == cfg.mtu))
+            & Mux(at_last, rx_off + rxm.paylen == rinfo.length, rxm.paylen == cfg.mtu))
         rresp_match = Signal()
         m.d.comb += rresp_match.eq(rresp_at & rresp_form)
         # a response of the wrong kind for the head message, or its READ's expected packet
@@ -870,6 +899,18 @@ class Requester(wiring.Component):
         fq_n = Signal(3)
         m.d.comb += Cat(fq_q, fq_n).eq(fq.r_data)
 
+        # WQE cache lookups: the flush (lk[1], head of cur) and the response FSM (lk[0], head
+        # of rcur) ask for the head message's WQE fields (wr_id, local_addr, length)
+        fl_lk = wqec.lk[1]
+        m.d.comb += [fl_lk.req.payload.qpn.eq(cur), fl_lk.req.payload.index.eq(ent.index),
+                     fl_lk.req.payload.addr.eq(wqe_addr(cur, ent.index))]
+        rx_lk = wqec.lk[0]
+        m.d.comb += [rx_lk.req.payload.qpn.eq(rcur), rx_lk.req.payload.index.eq(rent.index),
+                     rx_lk.req.payload.addr.eq(wqe_addr(rcur, rent.index))]
+        need_info = Signal()        # the response FSM needs them (else R_LOOK skips the lookup)
+        m.d.comb += need_info.eq(rnonempty & (rent.status == 0) & ~rent.noinfo
+                                 & (rent.signaled | (rent.opcode >= WrOpcode.RDMA_READ.value)))
+
         with m.FSM(name="send"):
             with m.State("IDLE"):
                 db_q = self.db.payload.qpn[:self.qpn_bits]
@@ -986,15 +1027,32 @@ class Requester(wiring.Component):
                     # the failed WQE is now the oldest: the QP goes to ERR, then flushes
                     m.d.sync += [err[cur].eq(1), lerr[cur].eq(0)]
                     m.next = "SET_ERR"
+                with m.Elif(nonempty & ent.noinfo):
+                    m.d.sync += set_cqe(cqe_reg, cur, 0, ent.status, ent.opcode, 0)
+                    m.d.sync += pop_head(cur)
+                    m.next = "CQE"
                 with m.Elif(nonempty):
-                    m.d.sync += set_cqe(cqe_reg, cur, ent.wr_id,
+                    m.next = "FL_REQ"          # its wr_id: from the WQE cache
+                with m.Else():
+                    m.next = "FETCH"
+
+            with m.State("FL_REQ"):
+                m.d.comb += fl_lk.req.valid.eq(1)
+                with m.If(fl_lk.req.ready):
+                    m.next = "FL_RESP"
+
+            with m.State("FL_RESP"):
+                m.d.comb += fl_lk.resp.ready.eq(1)
+                with m.If(fl_lk.resp.valid):
+                    # a WQE that cannot be read again: its wr_id is unknown, 0
+                    m.d.sync += set_cqe(cqe_reg, cur,
+                                        Mux(fl_lk.resp.payload.err, 0,
+                                            fl_lk.resp.payload.info.wr_id),
                                         Mux(ent.status != 0, ent.status,
                                             WcStatus.WR_FLUSH_ERR.value),
                                         ent.opcode, 0)
                     m.d.sync += pop_head(cur)
                     m.next = "CQE"
-                with m.Else():
-                    m.next = "FETCH"
 
             with m.State("FETCH"):
                 m.d.comb += [fetching.eq(1), fetch.req.valid.eq(1)]
@@ -1064,27 +1122,31 @@ class Requester(wiring.Component):
                         m.next = "DRAIN"
                 with m.Elif(rx_trk_we):
                     pass        # the tracker write port is taken by the response FSM: retry
+                with m.Elif(~wqec.fill.ready):
+                    pass        # the WQE cache's fill queue is full: retry
                 with m.Elif(loc_status != 0):
                     m.d.comb += [
                         tx_trk_we.eq(1),
-                        # an unreadable WQE's wr_id is unknown: 0
-                        tx_trk_data.wr_id.eq(Mux(wqe_err, 0, wqe.wr_id)),
+                        # an unreadable WQE's wr_id is unknown: 0 (no copy in the WQE cache)
+                        tx_trk_data.index.eq(fi[cur]),
+                        tx_trk_data.noinfo.eq(wqe_err),
+                        wqec.fill.valid.eq(~wqe_err),
                         tx_trk_data.opcode.eq(Mux(known & ~wqe_err, op[:3], 7)),
                         tx_trk_data.status.eq(loc_status),
                         tx_trk_data.first_psn.eq(npsn[cur]),
                         tx_trk_data.last_psn.eq(npsn[cur]),
                     ]
                     m.d.sync += [tail[cur].eq(tail[cur] + 1), fi[cur].eq(fi[cur] + 1),
-                                 lerr[cur].eq(1), lerr_idx[cur].eq(fi[cur])]
+                                 lerr[cur].eq(1), lerr_idx[cur].eq(fi[cur]),
+                                 q_sqb[cur].eq(ctx.sq_base), q_sqlog[cur].eq(ctx.sq_log_size)]
                     m.d.comb += wqe_err_stat.eq(wqe_err)
                     m.next = "NEXT"
                 with m.Else():
                     # the message enters the tracker before its first packet is queued
                     m.d.comb += [
                         tx_trk_we.eq(1),
-                        tx_trk_data.wr_id.eq(wqe.wr_id),
-                        tx_trk_data.local_addr.eq(wqe.local_addr),
-                        tx_trk_data.length.eq(wqe.length),
+                        tx_trk_data.index.eq(fi[cur]),
+                        wqec.fill.valid.eq(1),
                         tx_trk_data.first_psn.eq(npsn[cur]),
                         tx_trk_data.last_psn.eq(last_psn),
                         tx_trk_data.opcode.eq(op[:3]),
@@ -1108,6 +1170,8 @@ class Requester(wiring.Component):
                         fi[cur].eq(fi[cur] + 1),
                         npsn[cur].eq(npsn[cur] + npkts),
                         qcq[cur].eq(ctx.send_cq),
+                        q_sqb[cur].eq(ctx.sq_base),
+                        q_sqlog[cur].eq(ctx.sq_log_size),
                         q_to[cur].eq(ctx.timeout),
                         q_retry[cur].eq(ctx.retry_cnt),
                         q_rnr[cur].eq(ctx.rnr_retry),
@@ -1179,11 +1243,38 @@ class Requester(wiring.Component):
                     m.d.comb += ok.eq((rq < nq) & rts[rqi] & ~err[rqi] & ~ev_kills
                                       & ~flush_cond.bit_select(rqi, 1))
                     with m.If(ok):
-                        m.next = "R_ACK"
+                        m.next = "R_LOOK"
                     with m.Else():
                         m.d.comb += self.stat_resp_drop.eq(1)
                         with m.If(self.rx.meta.payload.paylen != 0):
                             m.next = "R_DROP"
+
+            with m.State("R_LOOK"):
+                m.d.comb += rx_busy.eq(1)
+                with m.If(need_info):
+                    m.d.comb += rx_lk.req.valid.eq(1)
+                    with m.If(rx_lk.req.ready):
+                        m.next = "R_INFO"
+                with m.Else():
+                    m.next = "R_ACK"
+
+            with m.State("R_INFO"):
+                m.d.comb += [rx_busy.eq(1), rx_lk.resp.ready.eq(1)]
+                with m.If(rx_lk.resp.valid):
+                    m.d.sync += rinfo.eq(rx_lk.resp.payload.info)
+                    with m.If(rx_lk.resp.payload.err):
+                        # the WQE could not be read again: the WR ends in LOC_QP_OP_ERR (its
+                        # wr_id unknown), the QP goes to ERR; the response is dropped
+                        m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent), reread_err_stat.eq(1),
+                                     rx_trk_data.status.eq(WcStatus.LOC_QP_OP_ERR.value),
+                                     rx_trk_data.noinfo.eq(1)]
+                        m.d.sync += err[rcur].eq(1)
+                        with m.If(rxm.paylen != 0):
+                            m.next = "R_BAD_DROP"
+                        with m.Else():
+                            m.next = "R_ERR"
+                    with m.Else():
+                        m.next = "R_ACK"
 
             with m.State("R_ACK"):
                 m.d.comb += rx_busy.eq(1)
@@ -1195,9 +1286,11 @@ class Requester(wiring.Component):
                     m.d.sync += pop_head(rcur)
                     progress()
                     with m.If(rent.signaled):
-                        m.d.sync += set_cqe(rcqe_reg, rcur, rent.wr_id, 0, rent.opcode, rent.length)
+                        m.d.sync += set_cqe(rcqe_reg, rcur, rinfo.wr_id, 0, rent.opcode, rinfo.length)
                         m.d.sync += [rcqe_ret_ack.eq(1), rcqe_silent.eq(0)]
                         m.next = "R_CQE"
+                    with m.Else():
+                        m.next = "R_LOOK"      # the next message, if the ACK covers it
                 with m.Elif(is_seq_nak):
                     # PSN sequence error: go back to the oldest outstanding message (once
                     # per retransmission: later NAKs of the same gap are ignored)
@@ -1264,7 +1357,7 @@ class Requester(wiring.Component):
                     m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
                                  rx_trk_data.rcv.eq(rent.rcv + 1)]
                     progress()
-                    m.d.sync += [rx_addr.eq(rent.local_addr + rx_off), rx_complete.eq(rresp_end)]
+                    m.d.sync += [rx_addr.eq(rinfo.local_addr + rx_off), rx_complete.eq(rresp_end)]
                     with m.If(rxm.paylen != 0):
                         m.next = "R_DATA"
                     with m.Else():
@@ -1280,7 +1373,7 @@ class Requester(wiring.Component):
                     with m.Else():
                         m.next = "R_IDLE"
                 with m.Elif(is_aack & aack_match):
-                    m.d.sync += [rx_addr.eq(rent.local_addr), rx_complete.eq(1)]
+                    m.d.sync += [rx_addr.eq(rinfo.local_addr), rx_complete.eq(1)]
                     m.next = "R_ATOMIC"
                 with m.Elif(rxm.paylen != 0):
                     m.d.comb += self.stat_resp_drop.eq(1)
@@ -1327,9 +1420,9 @@ class Requester(wiring.Component):
                     m.d.comb += rx_rd_dec.eq(1)
                     # an unsignaled READ/atomic still passes a (silent) completion through
                     # the write gate: if the write of its data fails, it completes in error
-                    m.d.sync += set_cqe(rcqe_reg, rcur, rent.wr_id, 0, rent.opcode,
+                    m.d.sync += set_cqe(rcqe_reg, rcur, rinfo.wr_id, 0, rent.opcode,
                                         Mux(rent.opcode == WrOpcode.RDMA_READ.value,
-                                            rent.length, 8))
+                                            rinfo.length, 8))
                     m.d.sync += [rcqe_ret_ack.eq(0), rcqe_silent.eq(~rent.signaled)]
                     m.next = "R_CQE"
                 with m.Else():
@@ -1369,7 +1462,7 @@ class Requester(wiring.Component):
                 m.d.comb += [rx_busy.eq(1), rx_cqe_v.eq(1)]
                 with m.If(rx_cqe_rdy):
                     with m.If(rcqe_ret_ack):
-                        m.next = "R_ACK"
+                        m.next = "R_LOOK"
                     with m.Else():
                         m.next = "R_IDLE"
 

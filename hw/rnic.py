@@ -5,7 +5,7 @@
               MMIO (host.req / rdata)                 host port: TLPs (down / up)
                |                                        ^   |
          MmioFrontend -- bf -->                    HostInterface (DMA engines)
-               | register bus                       6 read clients, 5 write clients
+               | register bus                       7 read clients, 5 write clients
    +-----------+-----------+----------+             ^   ^   ^   ^   ^  ^   ^ ^ ^ ^ ^
    | context   doorbells   counters  events        wqe pay rdata rwqe at icm ...
    +-----+-----------+-----+                         |   |     |   |   |  |
@@ -82,13 +82,14 @@ class Rnic(wiring.Component):
         fetch_depth = cfg.fetch_depth
         batch = cfg.wqe_batch
         self.rd_max_len = [batch * WQE_BYTES, cfg.mtu, cfg.mtu, RECV_WQE_BYTES, 8,
-                           MR_ICM_ENTRY_BYTES]
+                           MR_ICM_ENTRY_BYTES, WQE_BYTES]
         self.rings = [ring_words_for(W, batch * WQE_BYTES, mrrs, batch * WQE_BYTES * fetch_depth),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
                       ring_words_for(W, RECV_WQE_BYTES, mrrs),
                       ring_words_for(W, 8, mrrs),
-                      ring_words_for(W, MR_ICM_ENTRY_BYTES, mrrs)]
+                      ring_words_for(W, MR_ICM_ENTRY_BYTES, mrrs),
+                      ring_words_for(W, WQE_BYTES, mrrs)]
         assert len(self.rings) == len(DMA_READ_CLIENTS)
         super().__init__({
             "mmio": In(MmioPort()),
@@ -172,7 +173,7 @@ class Rnic(wiring.Component):
 
         # DMA: every user has a port of its own on the host interface.
         rd_clients = (req.wqe_rd, req.pay_rd, resp.rd_data, resp.rd_wqe, resp.at_rd,
-                      mr_cache.dma_rd)
+                      mr_cache.dma_rd, req.reread_rd)
         wr_clients = (req.dma_wr, resp.wr, resp.at_wr, comp.dma_wr, mr_cache.dma_wr)
         for c, port in enumerate(rd_clients):
             wiring.connect(m, port, hif.rd[c])
@@ -256,6 +257,9 @@ class Rnic(wiring.Component):
             Counter.MR_CACHE_MISSES: mr_cache.stat_miss,
             Counter.MR_CACHE_EVICTIONS: mr_cache.stat_evict,
             Counter.MR_CACHE_WRITEBACKS: mr_cache.stat_writeback,
+            Counter.WQE_CACHE_HITS: req.stat_wqe_hit,
+            Counter.WQE_CACHE_MISSES: req.stat_wqe_miss,
+            Counter.WQE_CACHE_EVICTIONS: req.stat_wqe_evict,
         }
         # per DMA client, and their totals: requests asked for and bytes
         rd_req = [p.req.valid & p.req.ready for p in rd_clients]

@@ -37,6 +37,15 @@ Operations (``req.op``):
   mark it dirty; respond without data.
 * ``INVAL``: write the entry back if it is dirty and drop it (a QP destroyed or modified by
   the driver behind the cache); respond without data.
+* ``FILL``: install the whole entry *clean* (a copy of what host memory holds, arrived by
+  another path: a WQE that came by BlueFlame or by the requester's own fetch); on a hit
+  the data are replaced and the dirty bit kept. Respond without data.
+
+With ``addressed=True`` a request also carries ``addr``, the host address a miss reads the
+entry from (instead of ``base + key * entry_bytes``): for entries whose place in host memory
+is not a function of the key alone (a WQE in its QP's send queue). Such a cache holds
+read-only copies: ``WRITE`` is not used with it (a dirty entry would be written back to
+``base + key * entry_bytes``).
 
 Victim choice: the lowest invalid way that is not pending; otherwise the policy's choice
 (LRU: the oldest way not pending; PLRU: the way the tree points at, or the lowest way not
@@ -77,11 +86,12 @@ class CacheOp(enum.Enum, shape=2):
     READ = 0
     WRITE = 1
     INVAL = 2
+    FILL = 3
 
 
 class SetAssocCache(wiring.Component):
     def __init__(self, *, entry_bytes, key_bits, sets, ways, policy="lru", mshrs=2,
-                 data_bytes=8, id_bits=8):
+                 data_bytes=8, id_bits=8, addressed=False):
         check_pow2("entry_bytes", entry_bytes, 1, 4096)
         check_int("key_bits", key_bits, 1, 32)
         check_pow2("sets", sets, 1, min(1 << 16, 1 << key_bits))
@@ -99,8 +109,12 @@ class SetAssocCache(wiring.Component):
         self.tag_bits = max(key_bits - self.set_bits, 1)
         self.nbeats = -(-entry_bytes // data_bytes)
         entry_bits = 8 * entry_bytes
+        if not isinstance(addressed, bool):
+            raise ValueError(f"addressed must be True or False, not {addressed!r}")
+        self.addressed = addressed
         self.req_layout = data.StructLayout({
-            "op": CacheOp, "key": key_bits, "id": id_bits, "data": entry_bits})
+            "op": CacheOp, "key": key_bits, "id": id_bits, "data": entry_bits,
+            **({"addr": 64} if addressed else {})})
         self.resp_layout = data.StructLayout({
             "op": CacheOp, "id": id_bits, "hit": 1, "err": 1, "data": entry_bits})
         self.way_layout = data.StructLayout({
@@ -413,12 +427,13 @@ class SetAssocCache(wiring.Component):
                         with m.Case(CacheOp.READ):
                             touch(hit_way)
                             m.next = "READ_DATA"
-                        with m.Case(CacheOp.WRITE):
+                        with m.Case(CacheOp.WRITE, CacheOp.FILL):
                             m.d.comb += [line_wr.addr.eq(slot(set_of(key), hit_way)),
                                          line_wr.data.eq(cur.data), line_wr.en.eq(1)]
-                            set_way(hit_way, dirty=1)
+                            with m.If(cur.op == CacheOp.WRITE):
+                                set_way(hit_way, dirty=1)
                             touch(hit_way)
-                            respond(op=CacheOp.WRITE, id=cur.id, hit=1)
+                            respond(op=cur.op, id=cur.id, hit=1)
                             m.next = "RESP"
                         with m.Case(CacheOp.INVAL):
                             set_way(hit_way, valid=0, dirty=0)
@@ -458,14 +473,15 @@ class SetAssocCache(wiring.Component):
                             with m.If(ms_free == i):
                                 m.d.sync += [ms_valid[i].eq(1), ms_key[i].eq(key),
                                              ms_way[i].eq(victim), ms_id[i].eq(cur.id)]
-                        m.d.sync += [rq_valid.eq(1), rq_addr.eq(self.base + (key << ebits)),
-                                     rq_tag.eq(ms_free)]
+                        fill_addr = cur.addr if self.addressed else self.base + (key << ebits)
+                        m.d.sync += [rq_valid.eq(1), rq_addr.eq(fill_addr), rq_tag.eq(ms_free)]
                         m.next = "IDLE"
-                    with m.Else():              # WRITE: allocate and write, no fill
-                        set_way(victim, valid=1, dirty=1, pending=0, tag=tag_of(key))
+                    with m.Else():              # WRITE / FILL: allocate and write, no fill
+                        set_way(victim, valid=1, dirty=cur.op == CacheOp.WRITE, pending=0,
+                                tag=tag_of(key))
                         m.d.comb += [line_wr.addr.eq(slot(set_of(key), victim)),
                                      line_wr.data.eq(cur.data), line_wr.en.eq(1)]
-                        respond(op=CacheOp.WRITE, id=cur.id, hit=0)
+                        respond(op=cur.op, id=cur.id, hit=0)
                         m.next = "RESP"
             with m.State("READ_DATA"):
                 respond(op=CacheOp.READ, id=cur.id, hit=1, data=line_rd.data)

@@ -448,6 +448,13 @@ async def test_random_mixed(dut):
         assert c["RD_ICM_BYTES"] == 32 * c["RD_ICM_REQS"]
         assert c["WR_ICM_BYTES"] == 32 * c["WR_ICM_REQS"] == 32 * c["MR_CACHE_WRITEBACKS"]
         assert c["RD_ICM_REQS"] <= c["MR_CACHE_MISSES"]
+        # the WQE cache: every miss read one WQE (64 bytes) again from its send queue
+        dut._log.info("WQE cache: " + ", ".join(f"{k} {c[k]}" for k in (
+            "WQE_CACHE_HITS", "WQE_CACHE_MISSES", "WQE_CACHE_EVICTIONS",
+            "RD_WQE_REREAD_REQS", "RD_WQE_REREAD_BYTES")))
+        assert c["RD_WQE_REREAD_REQS"] == c["WQE_CACHE_MISSES"]
+        assert c["RD_WQE_REREAD_BYTES"] == 64 * c["WQE_CACHE_MISSES"]
+        assert c["WQE_CACHE_HITS"] + c["WQE_CACHE_MISSES"] > 0
         if CFG.nic.mr_cache_sets * CFG.nic.mr_cache_ways < npairs:
             assert c["RD_ICM_REQS"] > 0 and c["MR_CACHE_EVICTIONS"] > 0
             assert c["MR_CACHE_WRITEBACKS"] >= npairs - CFG.nic.mr_cache_sets * CFG.nic.mr_cache_ways

@@ -92,11 +92,12 @@ class ModelCache:
 
 def run_cache(ops, *, sets=4, ways=2, policy="lru", mshrs=2, entry_bytes=16, data_bytes=8,
               key_bits=8, seed=0, sequential=False, lat=(3, 30), p_ready=0.7, p_req=0.7,
-              fail=None, mem=None, max_cycles=40000):
+              fail=None, mem=None, max_cycles=40000, addr_of=None):
     """Run ``ops`` [(op, key, value)] through a cache; returns (responses in arrival order
     [(id, op, hit, err, value, cycle)], counters, the PortMemorySim)."""
     dut = SetAssocCache(entry_bytes=entry_bytes, key_bits=key_bits, sets=sets, ways=ways,
-                        policy=policy, mshrs=mshrs, data_bytes=data_bytes, id_bits=12)
+                        policy=policy, mshrs=mshrs, data_bytes=data_bytes, id_bits=12,
+                        addressed=addr_of is not None)
     rng = random.Random(seed)
     mem = HostMemory() if mem is None else mem
     dma = PortMemorySim(data_bytes, mem=mem, seed=seed + 1, lat=lat, p_ready=p_ready,
@@ -114,7 +115,8 @@ def run_cache(ops, *, sets=4, ways=2, policy="lru", mshrs=2, entry_bytes=16, dat
         for i, (op, key, value) in enumerate(ops):
             while rng.random() > p_req:
                 await ctx.tick()
-            ctx.set(dut.req.payload, {"op": op, "key": key, "id": i, "data": value})
+            ctx.set(dut.req.payload, {"op": op, "key": key, "id": i, "data": value,
+                                      **({"addr": addr_of(key)} if addr_of else {})})
             ctx.set(dut.req.valid, 1)
             while True:
                 _, _, r = await ctx.tick().sample(dut.req.ready)
@@ -323,3 +325,38 @@ def test_dma_errors():
     assert [g[3] for g in got] == [1, 1, 0, 0, 0, 0]
     assert c["fill_errors"] == 2 and c["wb_errors"] == 1
     assert got[5][4] == 0          # the write-back was refused: the host still has 0
+
+
+@pytest.mark.parametrize("sequential", [True, False])
+def test_addressed_fill_cache(sequential):
+    """A cache of read-only copies (the WQE cache): FILL installs an entry clean, a miss
+    reads it from the address the request names (not base + key * size), nothing is ever
+    written back. Hits and misses as the policy model predicts (sequentially); every READ
+    returns the host's value."""
+    rng = random.Random(5 + sequential)
+    keys = list(range(20))
+    where = {k: 0x9000_0000 + 0x1000 * rng.randrange(64) + 16 * k for k in keys}
+    mem = HostMemory()
+    value = {}
+    for k in keys:
+        value[k] = rng.getrandbits(128)
+        mem.write(where[k], value[k].to_bytes(16, "little"))
+    ops = [(rng.choice([CacheOp.READ, CacheOp.READ, CacheOp.FILL]), k, 0)
+           for k in (rng.choice(keys) for _ in range(200))]
+    ops = [(op, k, value[k] if op == CacheOp.FILL else 0) for op, k, _ in ops]
+    got, c, dma = run_cache(ops, sets=2, ways=2, seed=3, sequential=sequential, mem=mem,
+                            addr_of=lambda k: where[k])
+    assert sorted(g[0] for g in got) == list(range(len(ops)))
+    for i, op, hit, err, v, _ in got:
+        assert op == ops[i][0] and err == 0
+        if op == CacheOp.READ:
+            assert v == value[ops[i][1]], f"request {i}"
+    assert dma.writes == [] and c["writebacks"] == 0 and c["wr_bytes"] == 0
+    assert {a for _, a, _, _ in dma.reads} <= set(where.values()) and dma.reads
+    assert c["evictions"] > 10
+    if sequential:
+        model = ModelCache(2, 2, "lru")
+        for (i, op, hit, *_), (mop, key, _) in zip(got, ops):
+            assert hit == model.access(mop, key)[0], f"request {i}"
+        assert (c["hits"], c["misses"], c["evictions"]) == \
+            (model.hits, model.misses, model.evictions) and model.writebacks == 0

@@ -118,6 +118,7 @@ class World:
         self.stats = {}
         self.wqe_reads = []
         self.pay_reads = []
+        self.reread_reads = []            # the WQE cache reading a WQE again
         self.writes = []
         self.reads_inflight = {}
         self.max_reads_inflight = {}
@@ -129,6 +130,7 @@ class World:
         self.tx_block = None              # (packets sent, cycles): then tx.meta.ready held low
         self.tx_block_t = None            # when that block started
         self.responder = None             # optional responder model (world, q, meta, payload)
+        self.fail_reread = None           # fail(addr, len): the host fails a WQE re-read
         self.fail = None                  # fail(addr, len, is_write): the host fails a DMA
         self.wr_lat = 6                   # DMA write response latency (cycles)
 
@@ -219,7 +221,8 @@ def run(world, script, max_cycles=20000):
     rng = world.rng
     bp = world.bp
     from hw.requester import STATS as stat_names
-    stat_names = stat_names + ["stat_bf_miss", "stat_dma_err"]
+    stat_names = stat_names + ["stat_bf_miss", "stat_dma_err", "stat_wqe_hit", "stat_wqe_miss",
+                               "stat_wqe_evict"]
     world.stats = {s: 0 for s in stat_names}
     remote_qpn = {world.qps[q]["dest_qpn"]: q for q in world.qps}
 
@@ -230,7 +233,7 @@ def run(world, script, max_cycles=20000):
                 world.stats[s] += v
             world.t += 1
 
-    async def dma_read_req(ctx, port, log, queue):
+    async def dma_read_req(ctx, port, log, queue, fail=None):
         # pipelined: requests are accepted while earlier ones are being answered
         held = None         # a request offered and not taken must stay valid and stable
         while True:
@@ -243,9 +246,10 @@ def run(world, script, max_cycles=20000):
                 log.append((p.addr, p.len))
                 assert 0 < p.len <= 65535
                 bad = bool(world.fail and world.fail(p.addr, p.len, False))
+                bad = bad or bool(fail and fail(p.addr, p.len))
                 queue.append((world.t + world.dma_lat + rng.randrange(0, 8), p.addr, p.len, p.tag, bad))
 
-    async def dma_read(ctx, port, queue):
+    async def dma_read(ctx, port, queue, backpressured=False):
         while True:
             if not queue or queue[0][0] > world.t:
                 await ctx.tick()
@@ -262,11 +266,21 @@ def run(world, script, max_cycles=20000):
                 ctx.set(port.rd.payload, {"data": data, "nbytes": cnt, "last": b == nb - 1,
                                           "tag": p.tag, "err": int(bad)})
                 ctx.set(port.rd.valid, 1)
-                assert ctx.get(port.rd.ready)       # read data is never back-pressured
+                if backpressured:                   # the WQE cache installs one fill at a time
+                    while not ctx.get(port.rd.ready):
+                        await ctx.tick()
+                else:
+                    assert ctx.get(port.rd.ready)   # read data is never back-pressured
                 await ctx.tick()
             ctx.set(port.rd.valid, 0)
 
-    wq, pq = deque(), deque()
+    wq, pq, rq = deque(), deque(), deque()
+
+    async def reread_req(ctx):
+        await dma_read_req(ctx, dut.reread_rd, world.reread_reads, rq, world.fail_reread)
+
+    async def reread_dma(ctx):
+        await dma_read(ctx, dut.reread_rd, rq, backpressured=True)
 
     async def wqe_req(ctx):
         await dma_read_req(ctx, dut.wqe_rd, world.wqe_reads, wq)
@@ -488,8 +502,8 @@ def run(world, script, max_cycles=20000):
 
     sim = Simulator(bench)
     sim.add_clock(1e-8)
-    for fn in (clock, wqe_req, wqe_dma, pay_req, pay_dma, dma_write, dma_done, tx, rx, cqe, set_err,
-               doorbells):
+    for fn in (clock, wqe_req, wqe_dma, pay_req, pay_dma, reread_req, reread_dma, dma_write,
+               dma_done, tx, rx, cqe, set_err, doorbells):
         sim.add_testbench(fn, background=True)
     sim.add_testbench(main)
     sim.run()
@@ -590,7 +604,7 @@ def mixed(seed, bp, n=12, qs=(0, 1, 2), psn0=0, cfg=CFG, bf_p=0.0):
     rng = random.Random(seed)
     setup_memory(world, rng)
     remote_before = dict(world.remote)
-    plan = {q: random_wqes(world, rng, n, q) for q in qs}
+    plan = world.plan = {q: random_wqes(world, rng, n, q) for q in qs}
     # reads target distinct local buffers: no overlap between READ destinations and WRITE sources
     # (a READ result may land before a later WRITE is sent)
     for q in qs:
@@ -678,6 +692,55 @@ def test_mixed_no_backpressure():
 
 def test_mixed_backpressure():
     mixed(2, 0.4)
+
+
+@pytest.mark.parametrize("sets,ways,bp", [(1, 1, 0.3), (2, 2, 0.0), (2, 2, 0.4), (16, 4, 0.3)])
+def test_wqe_cache_capacity(sets, ways, bp):
+    """The WQE cache (hw/ctx/wqe_cache.py) holds the WQEs of outstanding messages. With fewer
+    entries than messages outstanding (3 QPs x up to 8), a WQE a response or a completion
+    needs has been evicted and is read again, 64 bytes from its send-queue slot; every
+    packet, byte and completion is still right (the mixed test's checks). With enough
+    entries (64), nothing is read again."""
+    import dataclasses
+    cfg = dataclasses.replace(CFG, wqe_cache_sets=sets, wqe_cache_ways=ways)
+    world = mixed(3 + sets, bp, n=16, cfg=cfg)    # 16: the QPs' remote regions stay apart
+    rr = world.reread_reads
+    assert world.stats["stat_wqe_miss"] == len(rr)
+    for addr, n in rr:
+        q = (addr - 0x1000000) // 0x100000
+        assert n == 64 and 0 <= q < 3
+        off = addr - qp_ctx(q)["sq_base"]
+        assert off % 64 == 0 and 0 <= off < 64 << 5
+    if sets * ways >= 3 * CFG.max_outstanding:
+        assert rr == [] and world.stats["stat_wqe_evict"] == 0
+    else:
+        assert len(rr) > 5 and world.stats["stat_wqe_evict"] > 0
+    assert world.stats["stat_wqe_hit"] + world.stats["stat_wqe_miss"] > 24
+
+
+def test_wqe_reread_fails():
+    """Six READs outstanding, a one-entry WQE cache: every response's WQE is read again. The
+    host fails the re-read of the third: that WR completes in LOC_QP_OP_ERR with wr_id 0 (it
+    is unknown, as for an unreadable WQE), none of its data is written, the QP goes to ERR
+    and the rest are flushed (their wr_ids read again)."""
+    import dataclasses
+    cfg = dataclasses.replace(CFG, wqe_cache_sets=1, wqe_cache_ways=1)
+    world = World(cfg, 21, bp=0.2, resp_lat=150)
+    rng = random.Random(21)
+    setup_memory(world, rng)
+    ws = [wqe(O.RDMA_READ, 16, SIG, local=GOOD["base"] + 0x100 * i, remote=0x800000 + 0x100 * i)
+          for i in range(6)]
+    bad_slot = qp_ctx(0)["sq_base"] + 2 * 64
+    world.fail_reread = lambda a, n: a == bad_slot
+    world.final_psn[0] = None
+    run(world, post_ring_wait(ws, 6, 200))
+    cq = [(c["wr_id"], c["status"]) for c in cqes_of(world, 0)]
+    assert cq == ([(w["wr_id"], 0) for w in ws[:2]] + [(0, S.LOC_QP_OP_ERR.value)]
+                  + [(w["wr_id"], S.WR_FLUSH_ERR.value) for w in ws[3:]])
+    assert world.set_err == [0] and world.stats["stat_dma_err"] == 1
+    assert not [a for a, _ in world.writes if a == ws[2]["local_addr"]]
+    assert [a for a, _ in world.writes if a == ws[1]["local_addr"]]
+    assert any(a == bad_slot for a, _ in world.reread_reads)
 
 
 @pytest.mark.parametrize("kw", [dict(wqe_batch=1), dict(wqe_batch=2, desc_depth=2),
