@@ -127,22 +127,20 @@ class NicConfig:
             raise ValueError(f"replay_slots must be 16 (the responder's replay pointer is 4 bits), "
                              f"not {self.replay_slots!r}")
         _check_pow2("doorbell_fifo_depth", self.doorbell_fifo_depth, 2, 256)
-        _check_pow2("mr_cache_sets", self.mr_cache_sets, 1, self.n_mrs)
-        _check_range("mr_cache_ways", self.mr_cache_ways, 1, 16)
-        if self.mr_cache_policy not in ("lru", "plru"):
-            raise ValueError(f"mr_cache_policy must be one of ('lru', 'plru'), "
-                             f"not {self.mr_cache_policy!r}")
-        if self.mr_cache_policy == "plru":
-            _check_pow2("mr_cache_ways", self.mr_cache_ways, 1, 16)
-        _check_range("mr_cache_mshrs", self.mr_cache_mshrs, 1, 16)
-        _check_pow2("wqe_cache_sets", self.wqe_cache_sets, 1, 1 << 16)
-        _check_range("wqe_cache_ways", self.wqe_cache_ways, 1, 16)
-        if self.wqe_cache_policy not in ("lru", "plru"):
-            raise ValueError(f"wqe_cache_policy must be one of ('lru', 'plru'), "
-                             f"not {self.wqe_cache_policy!r}")
-        if self.wqe_cache_policy == "plru":
-            _check_pow2("wqe_cache_ways", self.wqe_cache_ways, 1, 16)
-        _check_range("wqe_cache_mshrs", self.wqe_cache_mshrs, 1, 16)
+        self._check_cache("mr_cache", self.n_mrs)
+        self._check_cache("wqe_cache", 1 << 16)
+
+    def _check_cache(self, prefix, max_sets):
+        """The four fields ``<prefix>_sets``, ``_ways``, ``_policy``, ``_mshrs`` of a cache."""
+        sets, ways, policy, mshrs = (getattr(self, f"{prefix}_{f}")
+                                     for f in ("sets", "ways", "policy", "mshrs"))
+        _check_pow2(f"{prefix}_sets", sets, 1, max_sets)
+        _check_range(f"{prefix}_ways", ways, 1, 16)
+        if policy not in ("lru", "plru"):
+            raise ValueError(f"{prefix}_policy must be one of ('lru', 'plru'), not {policy!r}")
+        if policy == "plru":
+            _check_pow2(f"{prefix}_ways", ways, 1, 16)
+        _check_range(f"{prefix}_mshrs", mshrs, 1, 16)
 
     @property
     def period_ns(self):

@@ -480,6 +480,26 @@ class Responder(wiring.Component):
         ev_reset = ev_ok & (ev.state != QpState.RTS) & (ev.state != QpState.ERR)
         kill_now = ev_reset & (ev.qpn[:qb] == qpn)
 
+        def mr_lookup(name, then, key=None, skip=None):
+            """States ``<name>_REQ`` / ``<name>_RESP``: look ``key`` (default the packet's
+            rkey) up in the MR cache, latch the entry in ``e`` (an entry that could not be
+            read is no valid entry: the check fails), go on to ``then``. ``skip``: nothing to
+            look up, go on at once."""
+            go = Const(1) if skip is None else ~skip
+            with m.State(f"{name}_REQ"):
+                if key is not None:
+                    m.d.comb += mr_key.eq(key)
+                m.d.comb += self.mr.req.valid.eq(go)
+                with m.If(~go):
+                    m.next = then
+                with m.Elif(self.mr.req.ready):
+                    m.next = f"{name}_RESP"
+            with m.State(f"{name}_RESP"):
+                m.d.comb += self.mr.resp.ready.eq(1)
+                with m.If(self.mr.resp.valid):
+                    m.d.sync += e.eq(Mux(self.mr.resp.payload.err, 0, self.mr.resp.payload.data))
+                    m.next = then
+
         with m.FSM(name="rsp") as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.rx.meta.ready.eq(1)
@@ -500,17 +520,7 @@ class Responder(wiring.Component):
                 with m.Else():
                     m.next = "CHECK"
 
-            with m.State("MR_REQ"):
-                m.d.comb += self.mr.req.valid.eq(1)
-                with m.If(self.mr.req.ready):
-                    m.next = "MR_RESP"
-
-            with m.State("MR_RESP"):
-                m.d.comb += self.mr.resp.ready.eq(1)
-                with m.If(self.mr.resp.valid):
-                    # an entry that could not be read is no valid entry: an access error
-                    m.d.sync += e.eq(Mux(self.mr.resp.payload.err, 0, self.mr.resp.payload.data))
-                    m.next = "CHECK"
+            mr_lookup("MR", "CHECK")
 
             with m.State("CHECK"):
                 with m.If(~qpn_ok | ~state_ok):
@@ -650,19 +660,8 @@ class Responder(wiring.Component):
                         with m.Else():
                             m.next = "WQE_MR_REQ"
 
-            with m.State("WQE_MR_REQ"):
-                # the receive WQE's lkey (a WQE that could not be read is not looked at)
-                m.d.comb += [mr_key.eq(wqe.lkey), self.mr.req.valid.eq(~wqe_err)]
-                with m.If(wqe_err):
-                    m.next = "WQE_CHECK"
-                with m.Elif(self.mr.req.ready):
-                    m.next = "WQE_MR_RESP"
-
-            with m.State("WQE_MR_RESP"):
-                m.d.comb += self.mr.resp.ready.eq(1)
-                with m.If(self.mr.resp.valid):
-                    m.d.sync += e.eq(Mux(self.mr.resp.payload.err, 0, self.mr.resp.payload.data))
-                    m.next = "WQE_CHECK"
+            # the receive WQE's lkey (a WQE that could not be read is not looked at)
+            mr_lookup("WQE_MR", "WQE_CHECK", key=wqe.lkey, skip=wqe_err)
 
             with m.State("WQE_IMM"):
                 with m.If(wqe_err):

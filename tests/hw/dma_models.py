@@ -428,3 +428,17 @@ class ClientsSim:
         sim.add_testbench(watchdog, background=True)
         sim.add_testbench(main)
         sim.run()
+
+
+def cache_sim(dut, data_bytes, **kw):
+    """A Simulator (10 ns clock) for a block with a cache's host ports ``dma_rd`` (fills) and
+    ``dma_wr`` (write-backs), served by a :class:`PortMemorySim` built with ``kw``; returns
+    ``(sim, dma)``."""
+    from amaranth.sim import Simulator
+    dma = PortMemorySim(data_bytes, **kw)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    dma.clock(sim)
+    dma.read_port(sim, dut.dma_rd, "fill")
+    dma.write_port(sim, dut.dma_wr, "wb")
+    return sim, dma

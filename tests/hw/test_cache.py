@@ -12,11 +12,10 @@
 import random
 
 import pytest
-from amaranth.sim import Simulator
 
 from hw.lib.cache import CacheOp, SetAssocCache
 from sim.host import HostMemory
-from tests.hw.dma_models import PortMemorySim
+from tests.hw.dma_models import cache_sim
 
 BASE = 0x10000
 
@@ -100,13 +99,8 @@ def run_cache(ops, *, sets=4, ways=2, policy="lru", mshrs=2, entry_bytes=16, dat
                         addressed=addr_of is not None)
     rng = random.Random(seed)
     mem = HostMemory() if mem is None else mem
-    dma = PortMemorySim(data_bytes, mem=mem, seed=seed + 1, lat=lat, p_ready=p_ready,
-                        p_gap=0.2, fail=fail)
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    dma.clock(sim)
-    dma.read_port(sim, dut.dma_rd, "fill")
-    dma.write_port(sim, dut.dma_wr, "wb")
+    sim, dma = cache_sim(dut, data_bytes, mem=mem, seed=seed + 1, lat=lat, p_ready=p_ready,
+                         p_gap=0.2, fail=fail)
     got = []
     counters = {}
 

@@ -10,13 +10,12 @@ it hit, missed and was filled from ICM, or was written back and read again.
 import random
 
 import pytest
-from amaranth.sim import Simulator
 
 from hw.config import NicConfig
 from hw.ctx.mr_cache import MrCache
 from hw.formats import MR_ENTRY
 from hw.regmap import MR_ICM_ENTRY_BYTES
-from tests.hw.dma_models import HostMemory, PortMemorySim
+from tests.hw.dma_models import HostMemory, cache_sim
 
 BASE = 0x40_0000
 
@@ -37,13 +36,8 @@ def run(cfg, n_ops, seed, fail=None, init=None, p_req=0.5):
     mem = HostMemory()
     for slot, v in (init or {}).items():
         mem.write(BASE + MR_ICM_ENTRY_BYTES * slot, v.to_bytes(MR_ICM_ENTRY_BYTES, "little"))
-    dma = PortMemorySim(cfg.data_bytes, mem=mem, seed=seed + 1, lat=(2, 12), p_ready=0.6,
-                        p_gap=0.2, fail=fail)
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    dma.clock(sim)
-    dma.read_port(sim, dut.dma_rd, "fill")
-    dma.write_port(sim, dut.dma_wr, "wb")
+    sim, dma = cache_sim(dut, cfg.data_bytes, mem=mem, seed=seed + 1, lat=(2, 12),
+                         p_ready=0.6, p_gap=0.2, fail=fail)
     n = cfg.n_mrs
     cur = dict(init or {})          # the model: slot -> entry of the last accepted write
     gen = {}
@@ -151,12 +145,7 @@ def test_icm_fill_and_failed_fill():
             return True
         return False
 
-    dma = PortMemorySim(8, mem=mem, seed=4, lat=(2, 12), p_ready=0.6, fail=fail)
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    dma.clock(sim)
-    dma.read_port(sim, dut.dma_rd, "fill")
-    dma.write_port(sim, dut.dma_wr, "wb")
+    sim, dma = cache_sim(dut, 8, mem=mem, seed=4, lat=(2, 12), p_ready=0.6, fail=fail)
     got = []
 
     async def tb(ctx):
