@@ -10,6 +10,8 @@ region or a completion-queue ring: nothing outside them changed.
 
 import itertools
 
+from hw.regmap import MR_ICM_ENTRY_BYTES
+
 from .reference import ReferenceModel, compare_completions
 
 __all__ = ["Scoreboard", "ScoreboardError"]
@@ -130,9 +132,12 @@ class Scoreboard:
     @staticmethod
     def _check_write_targets(h, start=0):
         """Every DMA write (of the log from entry ``start`` on: the ones not checked yet)
-        lies inside a region registered at the time of the check, or a CQ ring."""
+        lies inside a region registered at the time of the check, a CQ ring, or the NIC's
+        own context memory (ICM: the MR cache writes entries back there)."""
         allowed = [(mr.addr, mr.length) for mr in h.ctx._mr_slots if mr is not None]
         allowed += [(cq.base, cq.depth * 32) for cq in h.ctx.cqs.values()]
+        if h.ctx.icm_mr_base is not None:
+            allowed.append((h.ctx.icm_mr_base, h.ctx.cfg.n_mrs * MR_ICM_ENTRY_BYTES))
         bad = []
         for addr, n in itertools.islice(h.dma.write_log, start, None):
             if not any(lo <= addr and addr + n <= lo + size for lo, size in allowed):
