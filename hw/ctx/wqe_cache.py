@@ -9,7 +9,10 @@ response path waits a host round trip per miss.
 
 Entries are 64-byte WQEs keyed by ``(qpn, index)``, ``index`` the WQE's 16-bit send-queue
 index; a :class:`~hw.lib.cache.SetAssocCache` with ``addressed=True`` holds them (sets,
-ways, policy, MSHRs from ``NicConfig.wqe_cache_*``). Every entry is a read-only copy of what
+ways, policy, MSHRs from ``NicConfig.wqe_cache_*``). The cache's key is ``Cat(index XOR
+(QPN_MIX * qpn), qpn)``, a one-to-one function of the pair whose low bits (the set) spread
+the WQEs of different QPs at the same index over the sets: many QPs posting in step (SMART's
+batch-synchronous threads) would otherwise all land in one set and thrash it. Every entry is a read-only copy of what
 the send queue holds (the driver writes every WQE there, also one it posts by BlueFlame, and
 does not reuse a slot before its completion), so a miss may always re-read it and nothing is
 ever written back.
@@ -38,11 +41,13 @@ from ..formats import WQE, WQE_BYTES
 from ..interfaces import DmaReadPort
 from ..lib.cache import CacheOp, SetAssocCache
 
-__all__ = ["WqeCache", "WQE_INFO", "FILL_DEPTH"]
+__all__ = ["WqeCache", "WQE_INFO", "FILL_DEPTH", "QPN_MIX"]
 
 #: What a lookup answers: the fields of the WQE the response path and the flush need.
 WQE_INFO = data.StructLayout({"wr_id": 64, "local_addr": 64, "length": 32})
 FILL_DEPTH = 4
+#: Odd multiplier spreading QPNs over the sets (a bijection modulo any power of two).
+QPN_MIX = 47
 
 
 class WqeCache(wiring.Component):
@@ -73,6 +78,10 @@ class WqeCache(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+
+        def key_of(qpn, index):
+            return Cat((index ^ (qpn * QPN_MIX))[:16], qpn)
+
         m.submodules.cache = cache = self.cache
         m.submodules.fills = fills = SyncFIFOBuffered(width=self.fill_layout.size,
                                                       depth=FILL_DEPTH)
@@ -95,7 +104,7 @@ class WqeCache(wiring.Component):
             m.d.comb += [
                 cache.req.valid.eq(1),
                 cache.req.payload.op.eq(CacheOp.FILL),
-                cache.req.payload.key.eq(Cat(f.index, f.qpn)),
+                cache.req.payload.key.eq(key_of(f.qpn, f.index)),
                 cache.req.payload.id.eq(2),
                 cache.req.payload.data.eq(f.wqe),
                 fills.r_en.eq(cache.req.ready),
@@ -106,7 +115,7 @@ class WqeCache(wiring.Component):
             m.d.comb += [
                 arb.i[k].valid.eq(lk.req.valid),
                 arb.i[k].payload.op.eq(CacheOp.READ),
-                arb.i[k].payload.key.eq(Cat(lk.req.payload.index, lk.req.payload.qpn)),
+                arb.i[k].payload.key.eq(key_of(lk.req.payload.qpn, lk.req.payload.index)),
                 arb.i[k].payload.id.eq(k),
                 arb.i[k].payload.addr.eq(lk.req.payload.addr),
                 lk.req.ready.eq(arb.i[k].ready & ~hold),

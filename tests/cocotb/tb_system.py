@@ -463,6 +463,41 @@ async def test_random_mixed(dut):
 
 
 @cocotb.test()
+async def test_wqe_cache_guard(dut):
+    """The WQE cache (docs/caches.md): 64 signaled 8-byte READs of one QP, posted in groups of
+    ``k``. With groups of 4 (fewer outstanding than the cache's entries) no WQE is read
+    again; with all 64 rung at once (up to max_outstanding outstanding, more than the cache
+    holds) responses find their WQE evicted and read it again: the host-interface read bytes
+    per request rise. Completions and memory are checked against the reference model."""
+    sysm, a, b, sb = await setup(dut, sq_depth=128, cq_depth=256)
+    entries = CFG.nic.wqe_cache_sets * CFG.nic.wqe_cache_ways
+    assert CFG.nic.max_outstanding > entries, "the guard needs more outstanding than entries"
+    la, lk, ra, rk = a["buf"], a["mr"].lkey, b["buf"], b["mr"].rkey
+    per_req = {}
+    for group in (4, 64):
+        c0 = await sysm.a.read_counters()
+        for g in range(0, 64, group):
+            await sb.post_send(a["qp"], [SendWR(1000 * group + i, R, (la + 8 * i, 8, lk),
+                                                ra + 0x100 + 8 * i, rk)
+                                         for i in range(g, g + group)])
+            await sb.check()
+        c1 = await sysm.a.read_counters()
+        d = {k: c1[k] - c0[k] for k in ("WQE_CACHE_HITS", "WQE_CACHE_MISSES",
+                                        "RD_WQE_REREAD_REQS", "RD_WQE_REREAD_BYTES",
+                                        "HIF_DOWN_BYTES", "HIF_UP_BYTES", "DMA_READ_BYTES")}
+        per_req[group] = (d["HIF_DOWN_BYTES"] + d["HIF_UP_BYTES"]) / 64
+        dut._log.info(f"groups of {group}: {d}, host-interface bytes per READ "
+                      f"{per_req[group]:.1f}")
+        assert d["WQE_CACHE_HITS"] + d["WQE_CACHE_MISSES"] == 64      # one lookup per READ
+        assert d["RD_WQE_REREAD_BYTES"] == 64 * d["RD_WQE_REREAD_REQS"] == 64 * d["WQE_CACHE_MISSES"]
+        if group <= entries:
+            assert d["WQE_CACHE_MISSES"] == 0, d
+        else:
+            assert d["WQE_CACHE_MISSES"] > 0, d
+    assert per_req[64] > per_req[4] + 16, per_req
+
+
+@cocotb.test()
 async def test_blueflame(dut):
     """A single WR posted by BlueFlame needs no WQE read: ten WRITEs, one at a time, leave
     RD_WQE_REQS unchanged and are quicker by about one DMA read round trip than the same

@@ -718,6 +718,36 @@ def test_wqe_cache_capacity(sets, ways, bp):
     assert world.stats["stat_wqe_hit"] + world.stats["stat_wqe_miss"] > 24
 
 
+def test_wqe_cache_spreads_qps_over_sets():
+    """Four QPs posting in step (one READ each per round, as SMART's batch-synchronous
+    threads do) keep their WQEs at the same send-queue index: the WQE cache's set index mixes
+    the QPN in, so four sets of one way hold them all and nothing is read again."""
+    import dataclasses
+    cfg = dataclasses.replace(CFG, wqe_cache_sets=4, wqe_cache_ways=1)
+    world = World(cfg, 31, bp=0.2, resp_lat=60)
+    rng = random.Random(31)
+    setup_memory(world, rng)
+    qs = range(4)
+    plan = {q: [wqe(O.RDMA_READ, 8, SIG, local=GOOD["base"] + 0x1000 * q + 8 * r,
+                    remote=0x800000 + q * 0x10000 + 8 * r) for r in range(6)] for q in qs}
+    for q in qs:
+        world.final_psn[q] = None
+
+    async def script(ctx, world, event, wait):
+        for q in qs:
+            await event(q, formats.QpState.RTS.value, 0)
+        for r in range(6):
+            for q in qs:
+                world.post(q, plan[q][r])
+                world.ring(q)
+            await wait(lambda: len(world.cqes) >= 4 * (r + 1))
+
+    run(world, script)
+    for q in qs:
+        check_success(world, q, plan[q])
+    assert world.reread_reads == [] and world.stats["stat_wqe_hit"] == 24
+
+
 def test_wqe_reread_fails():
     """Six READs outstanding, a one-entry WQE cache: every response's WQE is read again. The
     host fails the re-read of the third: that WR completes in LOC_QP_OP_ERR with wr_id 0 (it
