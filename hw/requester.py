@@ -392,6 +392,8 @@ class Requester(wiring.Component):
         rx_addr = Signal(64)
         rx_complete = Signal()       # this response completes the head message
         rinfo = Signal(WQE_INFO)     # the head message's WQE fields (from the WQE cache)
+        rinfo_ok = Signal()          # rinfo holds the fields of WQE rinfo_idx of rcur
+        rinfo_idx = Signal(16)
 
         # ---------------- lookups (the QP lookup belongs to the send FSM)
         m.d.comb += self.qp.index.eq(cur)
@@ -1230,6 +1232,7 @@ class Requester(wiring.Component):
         with m.FSM(name="resp"):
             with m.State("R_IDLE"):
                 m.d.comb += self.rx.meta.ready.eq(~perr_v)
+                m.d.sync += rinfo_ok.eq(0)
                 with m.If(perr_v):
                     m.d.sync += rcur.eq(perr_q)
                     m.next = "R_PERR"
@@ -1254,6 +1257,7 @@ class Requester(wiring.Component):
                 with m.If(need_info):
                     m.d.comb += rx_lk.req.valid.eq(1)
                     with m.If(rx_lk.req.ready):
+                        m.d.sync += rinfo_idx.eq(rent.index)
                         m.next = "R_INFO"
                 with m.Else():
                     m.next = "R_ACK"
@@ -1274,11 +1278,16 @@ class Requester(wiring.Component):
                         with m.Else():
                             m.next = "R_ERR"
                     with m.Else():
+                        m.d.sync += rinfo_ok.eq(1)
                         m.next = "R_ACK"
 
             with m.State("R_ACK"):
                 m.d.comb += rx_busy.eq(1)
-                with m.If(ack_ghost):
+                with m.If(need_info & ~(rinfo_ok & (rinfo_idx == rent.index))):
+                    # the head changed since R_LOOK (the send FSM put a message into the
+                    # empty queue, e.g. one sent again after a rewind): look its WQE up
+                    m.next = "R_LOOK"
+                with m.Elif(ack_ghost):
                     m.d.comb += self.stat_resp_drop.eq(1)
                     m.next = "R_IDLE"
                 with m.Elif(head_ws & ack_covers):

@@ -423,10 +423,13 @@ def run(world, script, max_cycles=20000):
 
     async def rx(ctx):
         while True:
-            if not world.resp or world.resp[0][0] > world.t:
+            # the oldest response that is due (one delivered late lets later ones pass it)
+            due = next((k for k, r in enumerate(world.resp) if r[0] <= world.t), None)
+            if due is None:
                 await ctx.tick()
                 continue
-            _, meta, payload = world.resp.popleft()
+            _, meta, payload = world.resp[due]
+            del world.resp[due]
             full = {name: 0 for name, _ in formats.PKT_META}
             full.update(meta)
             ctx.set(dut.rx.meta.payload, full)

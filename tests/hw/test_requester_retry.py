@@ -25,12 +25,16 @@ class StrictResponder:
 
     ``lose``: {(q, psn): n} drop the request packet with that PSN the first n times it
     arrives in sequence; ``lose_resp``: {(q, psn): n} drop n times the response packet with
-    that PSN; ``rnr``: {(q, psn): n} answer n times with an RNR NAK (timer code ``rnr_code``).
+    that PSN; ``rnr``: {(q, psn): n} answer n times with an RNR NAK (timer code ``rnr_code``);
+    ``late``: {(q, psn): d} deliver the first response packet with that PSN d cycles late;
+    ``dup``: {(q, psn): d} deliver a copy of it d cycles after it (the network duplicated it).
     """
 
-    def __init__(self, lose=None, lose_resp=None, rnr=None, rnr_code=1, resp_lat=20):
+    def __init__(self, lose=None, lose_resp=None, rnr=None, rnr_code=1, resp_lat=20, late=None, dup=None):
         self.lose = dict(lose or {})
         self.lose_resp = dict(lose_resp or {})
+        self.late = dict(late or {})
+        self.dup = dict(dup or {})
         self.rnr = dict(rnr or {})
         self.rnr_code = rnr_code
         self.resp_lat = resp_lat
@@ -55,7 +59,10 @@ class StrictResponder:
         def send(**kw):
             m = dict(base, **kw)
             if not self.take(self.lose_resp, (q, m["psn"])):
-                world.resp.append((ready, m, b""))
+                t = ready + self.late.pop((q, m["psn"]), 0)
+                world.resp.append((t, m, b""))
+                if (q, m["psn"]) in self.dup:
+                    world.resp.append((t + self.dup.pop((q, m["psn"])), m, b""))
 
         def read_responses(m):
             n = max(1, math.ceil(m["dma_len"] / world.cfg.mtu))
@@ -66,7 +73,7 @@ class StrictResponder:
                 p = (m["psn"] + k) & M24
                 if self.take(self.lose_resp, (q, p)):
                     continue
-                world.resp.append((ready, dict(base, opcode=bop.value, psn=p, paylen=ln),
+                world.resp.append((ready + self.late.pop((q, p), 0), dict(base, opcode=bop.value, psn=p, paylen=ln),
                                    world.get(world.remote, m["va"] + k * world.cfg.mtu, ln)))
             return n
 
@@ -256,6 +263,29 @@ def test_ack_timeout_retransmits_the_tail():
     assert world.stats["stat_timeout"] == 1 and world.stats["stat_retransmit"] == 1
     t_first = [t for t, q, m, _ in world.tx if m["psn"] == 8]
     assert len(t_first) == 2 and t_first[1] - t_first[0] >= 2048
+
+
+def test_duplicate_ack_while_the_message_is_sent_again():
+    """A READ's response comes late: the next SEND's ACK arrives first (an implied NAK, IBA
+    9.7.5.1.5), the READ then completes and the SEND is rewound and fetched again. A copy of
+    the SEND's ACK (the network duplicated it) arrives at every cycle around the moment the
+    SEND re-enters the tracker, while the response path looks at the queue. The SEND's
+    completion must carry its own wr_id and length: before the fix the response path saw the
+    empty queue one cycle ("no WQE fields needed") and completed the re-entered SEND the
+    next with the READ's fields (the 5 % lossy system test saw the previous wr_id)."""
+    ws = [wqe(O.RDMA_READ, 8, SIG, local=GOOD["base"] + 0x8000, remote=0x801000, wr_id=0x1111),
+          wqe(O.SEND, 64, SIG, local=GOOD["base"], wr_id=0x2222)]
+    exp = [(w["wr_id"], 0, w["length"]) for w in ws]
+    early = set()
+    for d in range(28, 40):
+        r = StrictResponder(late={(0, 0): 40}, dup={(0, 1): d})
+        world, _, _ = go(r, wqes=ws, bp=0.0, max_cycles=4000)
+        assert [(c["wr_id"], c["status"], c["byte_len"]) for c in cqes_of(world, 0)] == exp, d
+        assert world.set_err == [] and world.stats["stat_retransmit"] == 1
+        # the SEND completed by the copy (before its retransmission is answered) or not
+        t_resent = [t for t, q, m, _ in world.tx if m["psn"] == 1][1]
+        early.add(cqes_of(world, 0)[1]["t"] < t_resent)
+    assert early == {False, True}       # the sweep crosses the cycle the SEND re-enters
 
 
 def test_lost_acks_and_responses():
