@@ -37,8 +37,9 @@ from amaranth.utils import ceil_log2
 from .config import NicConfig
 from .formats import MR_ENTRY, QpState
 from .interfaces import (MmioSignature, Lookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
-from .regmap import (Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE, ARG_WORDS, ID_VALUE,
-                     LEGAL_TRANSITIONS)
+from .lib.csr import window_addr_width
+from .regmap import (CONTROL_BYTES, Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE,
+                     ARG_WORDS, ID_VALUE, LEGAL_TRANSITIONS)
 
 __all__ = ["Context", "DB_INDEX_BITS"]
 
@@ -54,7 +55,8 @@ class Context(wiring.Component):
 
     Ports
     -----
-    bus : In(MmioSignature)        ID, NODE_ID, CMD, ARG registers.
+    bus : In(MmioSignature(8))     ID, NODE_ID, CMD, ARG registers (the ``control`` window of
+                                   ``hw.regmap.register_map``, at address 0).
     node_id : Out(8)
     qp_req, qp_resp : In(Lookup)   QP context + state, for requester and responder.
     mr_wr : Out(stream)            SET_MR: {slot, entry} into the MR cache.
@@ -75,7 +77,7 @@ class Context(wiring.Component):
         self.cqn_bits = _bits(cfg.n_cqs)
         self.mr_bits = _bits(cfg.n_mrs)
         super().__init__({
-            "bus": In(MmioSignature()),
+            "bus": In(MmioSignature(window_addr_width(CONTROL_BYTES))),
             "node_id": Out(8),
             "qp_req": In(Lookup(self.qpn_bits, QP_LOOKUP)),
             "qp_resp": In(Lookup(self.qpn_bits, QP_LOOKUP)),

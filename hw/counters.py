@@ -3,7 +3,9 @@
 Models the hardware counters of an RNIC (mlx5 exposes similar ones through
 ``ethtool -S`` / ``/sys/class/infiniband/*/ports/*/hw_counters``): 64-bit registers at
 ``COUNTER_BASE + 8 * i`` (names in :class:`hw.regmap.Counter`), each adding its ``inc[i]``
-input every cycle. Reading never clears.
+input every cycle. Reading never clears. The block sits behind the ``counters`` window of
+the register map (``hw.regmap.register_map``): its bus addresses are relative to
+``COUNTER_BASE``.
 """
 
 from amaranth import *
@@ -11,7 +13,8 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .interfaces import MmioSignature
-from .regmap import COUNTER_BASE, Counter
+from .lib.csr import window_addr_width
+from .regmap import Counter
 
 __all__ = ["Counters"]
 
@@ -24,7 +27,7 @@ class Counters(wiring.Component):
             raise ValueError(f"n must be an integer in [1, 256], not {n!r}")
         self.n = n
         super().__init__({
-            "bus": In(MmioSignature()),
+            "bus": In(MmioSignature(window_addr_width(8 * n))),
             "inc": In(32).array(n),
         })
 
@@ -34,8 +37,8 @@ class Counters(wiring.Component):
         for i in range(self.n):
             m.d.sync += counts[i].eq(counts[i] + self.inc[i])
         addr = self.bus.addr & ~7
-        index = (addr - COUNTER_BASE) >> 3
+        index = addr >> 3
         m.d.sync += [self.bus.rvalid.eq(self.bus.re), self.bus.rdata.eq(0)]
-        with m.If(self.bus.re & (addr >= COUNTER_BASE) & (addr < COUNTER_BASE + 8 * self.n)):
+        with m.If(self.bus.re & (addr < 8 * self.n)):
             m.d.sync += self.bus.rdata.eq(counts[index])
         return m

@@ -38,6 +38,10 @@ QP the WQE names (``qpn``) with producer index ``index + 1``, checked like an 8-
 if it is good, the WQE itself goes to the requester on ``sq_bf`` as well, so that the
 requester can send it without fetching it (it still is in the host's send queue, and the
 requester fetches it by DMA if it cannot use the copy).
+
+The block sits behind two windows of the register map (``hw.regmap.register_map``):
+``bus`` is the ``doorbells`` window (register *r* at relative address ``8 * r``), ``qbus``
+the ``queue_doorbells`` window (``RQ_DB`` at 0, ``CQ_DB`` at 8).
 """
 
 from amaranth import *
@@ -50,7 +54,8 @@ from .bf_buffer import SQ_BF
 from .formats import DOORBELL, WQE
 from .mmio import BF_WRITE
 from .interfaces import MmioSignature, Lookup, DoorbellEvent
-from .regmap import BLUEFLAME_BASE, Reg, DOORBELL_BASE
+from .lib.csr import window_addr_width
+from .regmap import BLUEFLAME_BASE, Reg
 from amaranth.utils import ceil_log2
 
 __all__ = ["Doorbells", "CQ_DB_LAYOUT"]
@@ -60,14 +65,15 @@ FIFO_DEPTH = NicConfig.doorbell_fifo_depth
 
 
 class Doorbells(wiring.Component):
-    """Ports: ``bus`` (MMIO), ``bind`` (lookup of a QP's register), ``sq_db``, ``rq_db``,
+    """Ports: ``bus``, ``qbus`` (MMIO windows), ``bind`` (lookup of a QP's register), ``sq_db``, ``rq_db``,
     ``cq_db`` (event streams) and one-cycle pulses ``stat_ring`` / ``stat_reject``."""
 
     def __init__(self, cfg: NicConfig):
         self.cfg = cfg
         self.qpn_bits = max(1, ceil_log2(cfg.n_qps))
         super().__init__({
-            "bus": In(MmioSignature()),
+            "bus": In(MmioSignature(window_addr_width(8 * cfg.n_doorbells))),
+            "qbus": In(MmioSignature(window_addr_width(16))),
             "bf": In(stream.Signature(BF_WRITE)),
             "sq_bf": Out(stream.Signature(SQ_BF, always_ready=True)),
             "bind": Out(Lookup(self.qpn_bits, DB_INDEX_BITS)),
@@ -81,9 +87,10 @@ class Doorbells(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
-        bus = self.bus
+        bus, qbus = self.bus, self.qbus
         addr = bus.addr & ~7
         word = DOORBELL(bus.wdata)
+        qword = DOORBELL(qbus.wdata)
 
         regs = Array(Signal(64, name=f"db{r}") for r in range(cfg.n_doorbells))
         reg_index = Signal(range(max(2, cfg.n_doorbells)))
@@ -102,8 +109,8 @@ class Doorbells(wiring.Component):
         ring_reg = Signal.like(reg_index)
         ring = Signal()                  # a send ring (8-byte doorbell or BlueFlame) this cycle
         m.d.comb += [
-            in_db_range.eq((addr >= DOORBELL_BASE) & (addr < DOORBELL_BASE + 8 * cfg.n_doorbells)),
-            reg_index.eq((addr - DOORBELL_BASE) >> 3),
+            in_db_range.eq(addr < 8 * cfg.n_doorbells),
+            reg_index.eq(addr >> 3),
         ]
         with m.If(self.bf.valid):
             m.d.comb += [ring.eq(bf_in_range), ring_qpn.eq(bfw.qpn), ring_pi.eq(bfw.index + 1),
@@ -174,20 +181,22 @@ class Doorbells(wiring.Component):
                 m.d.comb += reject.eq(1)
         with m.Elif(self.bf.valid):
             m.d.comb += reject.eq(1)          # outside the BlueFlame registers
-        with m.If(bus.we):
-            with m.If(in_db_range):
-                m.d.sync += regs[reg_index].eq(bus.wdata)
-            with m.Elif(addr == Reg.RQ_DB):
-                with m.If((word.qpn < cfg.n_qps) & fifos["rq"].w_rdy):
-                    m.d.comb += [fifos["rq"].w_en.eq(1), fifos["rq"].w_data.eq(Cat(word.qpn, word.pi))]
+        with m.If(bus.we & in_db_range):
+            m.d.sync += regs[reg_index].eq(bus.wdata)
+        qaddr = qbus.addr & ~7
+        with m.If(qbus.we):
+            with m.If(qaddr == Reg.RQ_DB - Reg.RQ_DB):
+                with m.If((qword.qpn < cfg.n_qps) & fifos["rq"].w_rdy):
+                    m.d.comb += [fifos["rq"].w_en.eq(1), fifos["rq"].w_data.eq(Cat(qword.qpn, qword.pi))]
                 with m.Else():
                     m.d.comb += reject.eq(1)
-            with m.Elif(addr == Reg.CQ_DB):
-                with m.If((word.qpn < cfg.n_cqs) & fifos["cq"].w_rdy):
-                    m.d.comb += [fifos["cq"].w_en.eq(1), fifos["cq"].w_data.eq(Cat(bus.wdata[0:16], word.pi))]
+            with m.Elif(qaddr == Reg.CQ_DB - Reg.RQ_DB):
+                with m.If((qword.qpn < cfg.n_cqs) & fifos["cq"].w_rdy):
+                    m.d.comb += [fifos["cq"].w_en.eq(1), fifos["cq"].w_data.eq(Cat(qbus.wdata[0:16], qword.pi))]
                 with m.Else():
                     m.d.comb += reject.eq(1)
 
+        m.d.sync += [qbus.rvalid.eq(qbus.re), qbus.rdata.eq(0)]
         m.d.sync += [bus.rvalid.eq(bus.re), bus.rdata.eq(0)]
         with m.If(bus.re & in_db_range):
             m.d.sync += bus.rdata.eq(regs[reg_index])

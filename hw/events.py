@@ -7,7 +7,10 @@ of ``depth`` entries; reading ``ASYNC_EVENT`` returns the oldest (bit 63 valid, 
 type, bits 23:0 index) and removes it, or 0 when there is none. An event that finds the FIFO
 full is dropped and counted (``stat_lost``); ``stat_event`` pulses for every event raised.
 
-Ports: ``bus: In(MmioSignature())``, ``i: In(AsyncEventStream())``, ``stat_event``,
+The block sits behind the ``events`` window of the register map (``hw.regmap.register_map``):
+its one register is at relative address 0.
+
+Ports: ``bus: In(MmioSignature(3))``, ``i: In(AsyncEventStream())``, ``stat_event``,
 ``stat_lost``: ``Out(1)``.
 """
 
@@ -17,7 +20,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .interfaces import ASYNC_EVENT, AsyncEventStream, MmioSignature
-from .regmap import Reg
+from .lib.csr import window_addr_width
 
 __all__ = ["AsyncEvents"]
 
@@ -26,7 +29,7 @@ class AsyncEvents(wiring.Component):
     def __init__(self, depth=16):
         self.depth = depth
         super().__init__({
-            "bus": In(MmioSignature()),
+            "bus": In(MmioSignature(window_addr_width(8))),
             "i": In(AsyncEventStream()),
             "stat_event": Out(1),
             "stat_lost": Out(1),
@@ -43,7 +46,7 @@ class AsyncEvents(wiring.Component):
             self.stat_lost.eq(self.i.valid & ~fifo.w_rdy),
         ]
         bus = self.bus
-        hit = bus.re & ((bus.addr & ~7) == Reg.ASYNC_EVENT)
+        hit = bus.re          # the window is the one register (relative address 0)
         m.d.sync += [bus.rvalid.eq(bus.re), bus.rdata.eq(0)]
         with m.If(hit & fifo.r_rdy):
             ev = ASYNC_EVENT(fifo.r_data)

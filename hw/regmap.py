@@ -25,6 +25,10 @@ address               access   meaning
 
 Every MMIO write is 8 bytes except the 64-byte BlueFlame writes; reads are 8 bytes. The
 host side of the MMIO path may be back-pressured by the NIC (``hw/mmio.py``).
+
+The space is cut into the windows of :func:`register_map`, one per block; one decoder
+(``hw/lib/csr.py``) gives each block its window with window-relative addresses. An access
+outside every window is ignored (reads 0) and counted (``MMIO_UNMAPPED``).
 """
 
 from amaranth.lib import data, enum
@@ -34,7 +38,8 @@ from .formats import MR_ENTRY
 __all__ = ["Reg", "Cmd", "CmdStatus", "Counter", "QP_CTX", "CQ_CTX",
            "ID_VALUE", "ARG_WORDS", "DOORBELL_BASE", "COUNTER_BASE", "ARG_BASE",
            "BLUEFLAME_BASE", "BLUEFLAME_BYTES", "DMA_READ_CLIENTS", "DMA_WRITE_CLIENTS",
-           "LEGAL_TRANSITIONS", "mkey_index", "IcmTable", "MR_ICM_ENTRY_BYTES"]
+           "LEGAL_TRANSITIONS", "mkey_index", "IcmTable", "MR_ICM_ENTRY_BYTES",
+           "MMIO_ADDR_WIDTH", "CONTROL_BYTES", "register_map"]
 
 ID_VALUE = 0x524E_4943_0001
 ARG_BASE = 0x0040
@@ -43,6 +48,11 @@ COUNTER_BASE = 0x0100
 DOORBELL_BASE = 0x1000
 BLUEFLAME_BASE = 0x8000
 BLUEFLAME_BYTES = 64
+#: Address bits of the NIC's MMIO space (64 KB: the BlueFlame window ends at 0x10000 with the
+#: most doorbell registers, 512)
+MMIO_ADDR_WIDTH = 16
+#: Bytes of the control window (ID, NODE_ID, CMD, ARG0..7)
+CONTROL_BYTES = 0x100
 
 
 class Reg(enum.IntEnum):
@@ -190,6 +200,29 @@ class Counter(enum.IntEnum):
     WQE_CACHE_HITS = 75       # ... its lookups (response handling, flush): hits, misses
     WQE_CACHE_MISSES = 76
     WQE_CACHE_EVICTIONS = 77
+    MMIO_UNMAPPED = 78        # register accesses outside every window (ignored, read 0)
+
+
+def register_map(n_doorbells):
+    """The NIC's MMIO register map (hw/lib/csr.py): one window per block behind the bus
+    decoder of hw/rnic.py. Windows may not overlap (``RegisterMap.add`` raises
+    ``ValueError``); ``n_doorbells`` sizes the doorbell and BlueFlame windows."""
+    from .lib.csr import RegisterMap      # here: hw.lib.csr imports hw.interfaces, which imports this
+    rm = RegisterMap(MMIO_ADDR_WIDTH)
+    rm.add("control", Reg.ID, CONTROL_BYTES,
+           "`ID`, `NODE_ID`, `CMD`, `ARG0..7` (the command interface, `hw/context.py`)")
+    rm.add("counters", COUNTER_BASE, 8 * len(Counter),
+           "performance counters, read only (`hw/counters.py`, `Counter`)")
+    rm.add("doorbells", DOORBELL_BASE, 8 * n_doorbells,
+           "send doorbell register *r* at `0x1000 + 8 r` (`hw/doorbell.py`)")
+    rm.add("queue_doorbells", Reg.RQ_DB, 16,
+           "`RQ_DB` (receive doorbell) and `CQ_DB` (CQ consumer index) (`hw/doorbell.py`)")
+    rm.add("events", Reg.ASYNC_EVENT, 8,
+           "`ASYNC_EVENT`: the oldest asynchronous event, removed by the read (`hw/events.py`)")
+    rm.add("blueflame", BLUEFLAME_BASE, BLUEFLAME_BYTES * n_doorbells,
+           "BlueFlame registers, 64-byte writes of a whole WQE; taken by the MMIO front end "
+           "before the bus (`hw/mmio.py`)", external=True)
+    return rm
 
 
 #: The NIC's DMA clients, in port order (hw/rnic.py), with their counter names.

@@ -49,10 +49,11 @@ from .doorbell import Doorbells
 from .events import AsyncEvents
 from .formats import RECV_WQE_BYTES, WQE_BYTES
 from .interfaces import BeatStream, MmioPort, TlpDown, TlpUp
+from .lib.csr import BusDecoder
 from .mmio import MmioFrontend
 from .link import Link
 from .packetizer import Packetizer
-from .regmap import DMA_READ_CLIENTS, DMA_WRITE_CLIENTS, Counter
+from .regmap import DMA_READ_CLIENTS, DMA_WRITE_CLIENTS, Counter, register_map
 from .requester import Requester
 from .responder import Responder
 
@@ -123,17 +124,16 @@ class Rnic(wiring.Component):
             write_outstanding=cfg.dma_write_outstanding, tlp_overhead=cfg.tlp_overhead,
             rd_max_len=self.rd_max_len)
 
-        # MMIO: the front end drives the register bus; every block sees it, the one addressed
-        # answers, the others give 0.
+        # MMIO: the front end drives the register bus; one decoder (hw/lib/csr.py) gives each
+        # block the window of the register map that is its own (hw/regmap.py, register_map)
         wiring.connect(m, wiring.flipped(self.mmio), front.host)
-        bus = front.bus
-        buses = (context.bus, doorbells.bus, counters.bus, events.bus)
-        for b in buses:
-            m.d.comb += [b.addr.eq(bus.addr), b.wdata.eq(bus.wdata), b.we.eq(bus.we), b.re.eq(bus.re)]
-        rdata = 0
-        for b in buses:
-            rdata = rdata | b.rdata
-        m.d.comb += [bus.rdata.eq(rdata), bus.rvalid.eq(context.bus.rvalid)]
+        m.submodules.decoder = decoder = BusDecoder(register_map(cfg.n_doorbells))
+        wiring.connect(m, front.bus, decoder.bus)
+        wiring.connect(m, decoder.control, context.bus)
+        wiring.connect(m, decoder.counters, counters.bus)
+        wiring.connect(m, decoder.doorbells, doorbells.bus)
+        wiring.connect(m, decoder.queue_doorbells, doorbells.qbus)
+        wiring.connect(m, decoder.events, events.bus)
         # BlueFlame writes ring the doorbell and hand their WQE to the requester
         wiring.connect(m, front.bf, doorbells.bf)
         wiring.connect(m, doorbells.sq_bf, req.bf)
@@ -223,6 +223,7 @@ class Rnic(wiring.Component):
             Counter.MMIO_WRITES: front.stat_write,
             Counter.MMIO_WRITE_BYTES: Mux(front.stat_write, front.stat_write_len + cfg.tlp_overhead, 0),
             Counter.MMIO_READS: front.stat_read,
+            Counter.MMIO_UNMAPPED: decoder.stat_unmapped,
             Counter.BLUEFLAME_WQES: req.stat_bf_hit,
             Counter.BLUEFLAME_MISSES: req.stat_bf_miss,
             Counter.DMA_ERRORS: req.stat_dma_err + resp.stat_dma_err,

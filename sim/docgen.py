@@ -1,8 +1,9 @@
-"""Generate the byte-by-byte tables of docs/formats.md from the layouts in hw/formats.py.
+"""Generate the byte-by-byte tables of docs/formats.md from the layouts in hw/formats.py,
+and its MMIO register map from ``hw.regmap.register_map``.
 
-``python -m sim.docgen`` rewrites the generated part of docs/formats.md (between the
-``<!-- generated -->`` markers); a test checks that the file is current, so the document
-cannot drift from the RTL's layouts.
+``python -m sim.docgen`` rewrites the generated parts of docs/formats.md (between the
+``<!-- generated... -->`` markers); a test checks that the file is current, so the document
+cannot drift from the RTL's layouts and windows.
 """
 
 import pathlib
@@ -14,6 +15,9 @@ from hw import formats, regmap
 
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "formats.md"
 BEGIN, END = "<!-- generated: begin -->", "<!-- generated: end -->"
+MAP_BEGIN, MAP_END = "<!-- generated register map: begin -->", "<!-- generated register map: end -->"
+#: the register map is shown for the doorbell count of the connectx6 preset (16)
+MAP_DOORBELLS = 16
 
 TABLES = [
     ("Send WQE (64 bytes, host send queue)", formats.WQE),
@@ -54,10 +58,21 @@ def generated():
     return "\n".join(parts)
 
 
+def register_map_table():
+    return (f"With `n_doorbells` = {MAP_DOORBELLS} (the `doorbells` and `blueflame` windows "
+            f"grow with it: 8 and 64 bytes per register):\n\n"
+            + regmap.register_map(MAP_DOORBELLS).table())
+
+
+def _replace(text, begin, end, body):
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
 def render(text):
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{generated()}\n{END}{tail}"
+    text = _replace(text, BEGIN, END, generated())
+    return _replace(text, MAP_BEGIN, MAP_END, register_map_table())
 
 
 def main():

@@ -20,6 +20,7 @@ from sim.verilator import run
 
 CASES = [
     "test_each_opcode",
+    "test_mmio_register_map",
     "test_error_wrong_rkey",
     "test_error_out_of_bounds",
     "test_error_missing_right",

@@ -9,7 +9,10 @@ so this is the small part the NIC needs:
   8-byte aligned, a whole number of registers, inside the space and overlaps no other
   window, and raises ``ValueError`` naming both windows if it does.
 * :class:`BusDecoder` (RTL): one :class:`~hw.interfaces.MmioSignature` bus in, one bus per
-  window out. A window's bus sees ``we`` / ``re`` only for addresses inside it, with the
+  window out (except *external* windows: decoded before the bus, for example the NIC's
+  BlueFlame window, which the MMIO front end takes whole; they are in the map for the overlap
+  check and the documentation, and an access to one that reaches the bus counts as unmapped).
+  A window's bus sees ``we`` / ``re`` only for addresses inside it, with the
   address relative to its base; read data comes from the window that was read (selected
   by a register, since ``rdata`` follows ``re`` by one cycle), 0 for an address outside
   every window. Every block answers a read in the cycle after ``re``, as
@@ -17,9 +20,13 @@ so this is the small part the NIC needs:
   Accesses outside every window are counted (``unmapped``).
 
 Parameters: ``RegisterMap(addr_width)`` with ``addr_width`` in [4, 32]; ``BusDecoder(map)``.
+A block behind a window declares its bus as ``In(MmioSignature(window_addr_width(size)))``
+(the same width the decoder gives the window), so that connecting it to the wrong window
+fails at elaboration.
 
 Ports of the decoder: ``bus: In(MmioSignature(addr_width))``, one ``Out(MmioSignature(w))``
-per window named as the window (``w`` the window's address bits), ``unmapped: Out(32)``.
+per window named as the window (``w`` the window's address bits), ``unmapped: Out(32)`` (the
+count) and ``stat_unmapped: Out(1)`` (a pulse per unmapped access, for a counter block).
 """
 
 from dataclasses import dataclass
@@ -32,7 +39,12 @@ from amaranth.utils import ceil_log2
 from ..interfaces import MmioSignature
 from .checks import check_int
 
-__all__ = ["Window", "RegisterMap", "BusDecoder"]
+__all__ = ["Window", "RegisterMap", "BusDecoder", "window_addr_width"]
+
+
+def window_addr_width(size):
+    """Address bits of a window of ``size`` bytes, as its bus has them (at least 3)."""
+    return max(ceil_log2(size), 3)
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,7 @@ class Window:
     base: int
     size: int          # bytes, a multiple of 8
     doc: str = ""
+    external: bool = False   # decoded before the bus: no port on the decoder
 
     @property
     def end(self):
@@ -48,7 +61,7 @@ class Window:
 
     @property
     def addr_width(self):
-        return max(ceil_log2(self.size), 3)
+        return window_addr_width(self.size)
 
 
 class RegisterMap:
@@ -57,7 +70,7 @@ class RegisterMap:
         self.addr_width = addr_width
         self._windows = []
 
-    def add(self, name, base, size=8, doc=""):
+    def add(self, name, base, size=8, doc="", external=False):
         if not name.isidentifier() or any(w.name == name for w in self._windows):
             raise ValueError(f"window name {name!r} is not a new Python identifier")
         space = 1 << self.addr_width
@@ -67,7 +80,7 @@ class RegisterMap:
         if not isinstance(size, int) or size % 8 or not 8 <= size <= space - base:
             raise ValueError(f"window {name!r}: size must be a multiple of 8 in "
                              f"[8, 0x{space - base:x}], not {size!r}")
-        new = Window(name, base, size, doc)
+        new = Window(name, base, size, doc, bool(external))
         for w in self._windows:
             if new.base < w.end and w.base < new.end:
                 raise ValueError(f"window {name!r} at 0x{new.base:x}..0x{new.end - 1:x} overlaps "
@@ -93,7 +106,7 @@ class RegisterMap:
 
     def table(self):
         """The map as Markdown table rows (for docs)."""
-        rows = ["| window | bytes | registers | meaning |", "| --- | --- | --- | --- |"]
+        rows = ["| window | bytes | 8-byte words | meaning |", "| --- | --- | --- | --- |"]
         for w in self:
             rows.append(f"| `{w.name}` | 0x{w.base:04x}..0x{w.end - 1:04x} | {w.size // 8} | {w.doc} |")
         return "\n".join(rows)
@@ -104,15 +117,17 @@ class BusDecoder(wiring.Component):
         if not isinstance(regmap, RegisterMap) or not list(regmap):
             raise ValueError("regmap must be a RegisterMap with at least one window")
         self.regmap = regmap
-        ports = {"bus": In(MmioSignature(regmap.addr_width)), "unmapped": Out(32)}
+        ports = {"bus": In(MmioSignature(regmap.addr_width)), "unmapped": Out(32),
+                 "stat_unmapped": Out(1)}
         for w in regmap:
-            ports[w.name] = Out(MmioSignature(w.addr_width))
+            if not w.external:
+                ports[w.name] = Out(MmioSignature(w.addr_width))
         super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
         bus = self.bus
-        windows = list(self.regmap)
+        windows = [w for w in self.regmap if not w.external]
         sel = Signal(range(len(windows) + 1))      # the window read last cycle (len: none)
         hit_any = 0
         m.d.sync += sel.eq(len(windows))
@@ -136,6 +151,7 @@ class BusDecoder(wiring.Component):
             for i, w in enumerate(windows):
                 with m.Case(i):
                     m.d.comb += bus.rdata.eq(getattr(self, w.name).rdata)
-        with m.If((bus.we | bus.re) & ~hit_any):
+        m.d.comb += self.stat_unmapped.eq((bus.we | bus.re) & ~hit_any)
+        with m.If(self.stat_unmapped):
             m.d.sync += self.unmapped.eq(self.unmapped + 1)
         return m

@@ -11,6 +11,8 @@ from hw.formats import MR_ENTRY, QpState, Access
 from hw.regmap import (Reg, Cmd, CmdStatus, QP_CTX, CQ_CTX, ARG_BASE, ID_VALUE,
                        LEGAL_TRANSITIONS, IcmTable)
 
+from .mmio_bus import mmio_read, mmio_write
+
 CFG = NicConfig(data_bytes=8, n_qps=4, n_cqs=4, n_mrs=4, n_doorbells=4)
 
 
@@ -19,23 +21,6 @@ def layout_int(layout, **fields):
     for name, v in fields.items():
         value |= int(v) << layout[name].offset
     return value
-
-
-async def mmio_write(ctx, bus, addr, value):
-    ctx.set(bus.addr, addr)
-    ctx.set(bus.wdata, value)
-    ctx.set(bus.we, 1)
-    await ctx.tick()
-    ctx.set(bus.we, 0)
-
-
-async def mmio_read(ctx, bus, addr):
-    ctx.set(bus.addr, addr)
-    ctx.set(bus.re, 1)
-    await ctx.tick()
-    ctx.set(bus.re, 0)
-    assert ctx.get(bus.rvalid)
-    return ctx.get(bus.rdata)
 
 
 async def command(ctx, bus, op, index, arg_value=0):

@@ -104,3 +104,33 @@ def test_decoder_against_model():
     sim.run()
     assert stats["counter"] == stats["unmapped"] > 50 and stats["reads"] > 500
     assert len(model) > 20
+
+
+def test_nic_register_map():
+    """The NIC's map (hw/regmap.py) puts every named register in the window of the block
+    that decodes it, fits the largest doorbell count, and is what docs/formats.md shows."""
+    from hw.config import PRESETS
+    from hw.regmap import (ARG_BASE, ARG_WORDS, BLUEFLAME_BASE, COUNTER_BASE, Counter,
+                           DOORBELL_BASE, Reg, register_map)
+    for n in (1, 16, 512):
+        rm = register_map(n)
+        where = {name: rm.lookup(addr).name for name, addr in (
+            ("ID", Reg.ID), ("NODE_ID", Reg.NODE_ID), ("CMD", Reg.CMD),
+            ("ARG_LAST", ARG_BASE + 8 * (ARG_WORDS - 1)),
+            ("COUNTER_FIRST", COUNTER_BASE), ("COUNTER_LAST", COUNTER_BASE + 8 * max(Counter)),
+            ("DB_FIRST", DOORBELL_BASE), ("DB_LAST", DOORBELL_BASE + 8 * (n - 1)),
+            ("RQ_DB", Reg.RQ_DB), ("CQ_DB", Reg.CQ_DB), ("ASYNC_EVENT", Reg.ASYNC_EVENT),
+            ("BF_LAST", BLUEFLAME_BASE + 64 * n - 8))}
+        assert where == {"ID": "control", "NODE_ID": "control", "CMD": "control",
+                         "ARG_LAST": "control", "COUNTER_FIRST": "counters",
+                         "COUNTER_LAST": "counters", "DB_FIRST": "doorbells",
+                         "DB_LAST": "doorbells", "RQ_DB": "queue_doorbells",
+                         "CQ_DB": "queue_doorbells", "ASYNC_EVENT": "events",
+                         "BF_LAST": "blueflame"}
+        after = rm.lookup(DOORBELL_BASE + 8 * n)
+        assert after is None or after.name == "queue_doorbells"     # 512: they abut
+        assert rm["blueflame"].external and not rm["doorbells"].external
+    with pytest.raises(ValueError, match="window 'queue_doorbells' at 0x2000..0x200f overlaps 'doorbells'"):
+        register_map(513)
+    for cfg in PRESETS.values():
+        register_map(cfg.nic.n_doorbells)

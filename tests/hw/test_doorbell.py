@@ -8,11 +8,19 @@ from amaranth.sim import Simulator
 from hw.config import NicConfig
 from hw.counters import Counters
 from hw.doorbell import Doorbells
-from hw.regmap import Reg, DOORBELL_BASE, COUNTER_BASE
+from hw.regmap import Reg, DOORBELL_BASE
 
-from .test_context import mmio_write, mmio_read
+from .mmio_bus import BehindDecoder, mmio_read, mmio_write
 
 CFG = NicConfig(data_bytes=8, n_qps=8, n_cqs=4, n_mrs=4, n_doorbells=4)
+
+
+def doorbells():
+    """The doorbell block behind the NIC's bus decoder: the tests write the addresses of
+    the register map (``top.bus``) and use the block's other ports (``dut``)."""
+    dut = Doorbells(CFG)
+    top = BehindDecoder(dut, CFG.n_doorbells, {"doorbells": dut.bus, "queue_doorbells": dut.qbus})
+    return top, dut
 
 
 def db_word(qpn, pi):
@@ -20,7 +28,7 @@ def db_word(qpn, pi):
 
 
 def test_doorbells_validate_binding_and_queue():
-    dut = Doorbells(CFG)
+    top, dut = doorbells()
     binding = {0: 0, 1: 1, 2: 3, 3: 3}
 
     async def tb(ctx):
@@ -29,30 +37,31 @@ def test_doorbells_validate_binding_and_queue():
         # Good rings: each QP on its own register.
         for qpn, pi in ((0, 1), (1, 5), (2, 7), (3, 2)):
             ctx.set(dut.bind.data, binding[qpn])
-            ctx.set(dut.bus.addr, DOORBELL_BASE + 8 * binding[qpn])
-            ctx.set(dut.bus.wdata, db_word(qpn, pi))
-            ctx.set(dut.bus.we, 1)
+            ctx.set(top.bus.addr, DOORBELL_BASE + 8 * binding[qpn])
+            ctx.set(top.bus.wdata, db_word(qpn, pi))
+            ctx.set(top.bus.we, 1)
             assert ctx.get(dut.bind.index) == qpn
             assert ctx.get(dut.stat_ring) == 1 and ctx.get(dut.stat_reject) == 0
             await ctx.tick()
         # Wrong register, unknown QP: rejected.
         ctx.set(dut.bind.data, binding[1])
-        ctx.set(dut.bus.addr, DOORBELL_BASE + 8 * 2)
-        ctx.set(dut.bus.wdata, db_word(1, 9))
+        ctx.set(top.bus.addr, DOORBELL_BASE + 8 * 2)
+        ctx.set(top.bus.wdata, db_word(1, 9))
         assert ctx.get(dut.stat_reject) == 1
         await ctx.tick()
-        ctx.set(dut.bus.addr, DOORBELL_BASE + 8 * 0)
-        ctx.set(dut.bus.wdata, db_word(CFG.n_qps, 9))
+        ctx.set(top.bus.addr, DOORBELL_BASE + 8 * 0)
+        ctx.set(top.bus.wdata, db_word(CFG.n_qps, 9))
         ctx.set(dut.bind.data, 0)
         assert ctx.get(dut.stat_reject) == 1
         await ctx.tick()
-        # Beyond the last register: not a doorbell at all.
-        ctx.set(dut.bus.addr, DOORBELL_BASE + 8 * CFG.n_doorbells)
+        # Beyond the last register: not a doorbell at all (outside every window).
+        ctx.set(top.bus.addr, DOORBELL_BASE + 8 * CFG.n_doorbells)
         assert ctx.get(dut.stat_reject) == 0 and ctx.get(dut.stat_ring) == 0
+        assert ctx.get(top.decoder.stat_unmapped) == 1
         await ctx.tick()
-        ctx.set(dut.bus.we, 0)
+        ctx.set(top.bus.we, 0)
         # The register keeps the last value written.
-        assert await mmio_read(ctx, dut.bus, DOORBELL_BASE + 8 * 3) == db_word(3, 2)
+        assert await mmio_read(ctx, top.bus, DOORBELL_BASE + 8 * 3) == db_word(3, 2)
         # Drain the events in order.
         ctx.set(dut.sq_db.ready, 1)
         while ctx.get(dut.sq_db.valid):
@@ -61,7 +70,7 @@ def test_doorbells_validate_binding_and_queue():
             await ctx.tick()
         assert got == [(0, 1), (1, 5), (2, 7), (3, 2)]
 
-    sim = Simulator(dut)
+    sim = Simulator(top)
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
@@ -70,16 +79,16 @@ def test_doorbells_validate_binding_and_queue():
 def test_doorbell_events_drain_exactly():
     """Rings of one QP while the consumer is slow: none is rejected; the events come out
     in order and the last one carries the last pi (a newer ring supersedes a pending one)."""
-    dut = Doorbells(CFG)
+    top, dut = doorbells()
 
     async def tb(ctx):
         sent, got = [], []
         ctx.set(dut.bind.data, 1)
         for i in range(40):
             qpn, pi = 1, i
-            ctx.set(dut.bus.addr, DOORBELL_BASE + 8)
-            ctx.set(dut.bus.wdata, db_word(qpn, pi))
-            ctx.set(dut.bus.we, 1)
+            ctx.set(top.bus.addr, DOORBELL_BASE + 8)
+            ctx.set(top.bus.wdata, db_word(qpn, pi))
+            ctx.set(top.bus.we, 1)
             ctx.set(dut.sq_db.ready, i % 3 == 0)
             assert ctx.get(dut.stat_ring) == 1 and ctx.get(dut.stat_reject) == 0
             sent.append((qpn, pi))
@@ -87,7 +96,7 @@ def test_doorbell_events_drain_exactly():
                 p = ctx.get(dut.sq_db.payload)
                 got.append((p.qpn, p.pi))
             await ctx.tick()
-        ctx.set(dut.bus.we, 0)
+        ctx.set(top.bus.we, 0)
         ctx.set(dut.sq_db.ready, 1)
         for _ in range(40):
             if ctx.get(dut.sq_db.valid):
@@ -99,7 +108,7 @@ def test_doorbell_events_drain_exactly():
         pis = [pi for _, pi in got]
         assert pis == sorted(set(pis)) and set(got) <= set(sent)
 
-    sim = Simulator(dut)
+    sim = Simulator(top)
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
@@ -113,7 +122,7 @@ def test_doorbells_many_qps_random_backpressure(seed):
     stable while not taken."""
     import random
     rng = random.Random(seed)
-    dut = Doorbells(CFG)
+    top, dut = doorbells()
     binding = {q: q % CFG.n_doorbells for q in range(CFG.n_qps)}
     last_pi = {}
     rings = {q: set() for q in range(CFG.n_qps)}
@@ -127,9 +136,9 @@ def test_doorbells_many_qps_random_backpressure(seed):
                 q = rng.randrange(CFG.n_qps)
                 pi = (last_pi.get(q, 0) + rng.randrange(1, 4)) & 0xFFFF
                 ctx.set(dut.bind.data, binding[q])
-                ctx.set(dut.bus.addr, DOORBELL_BASE + 8 * binding[q])
-                ctx.set(dut.bus.wdata, db_word(q, pi))
-            ctx.set(dut.bus.we, ring)
+                ctx.set(top.bus.addr, DOORBELL_BASE + 8 * binding[q])
+                ctx.set(top.bus.wdata, db_word(q, pi))
+            ctx.set(top.bus.we, ring)
             ctx.set(dut.sq_db.ready, rng.random() < (0.1 if cycle < 1200 else 0.7))
             if ring:
                 assert ctx.get(dut.stat_ring) == 1 and ctx.get(dut.stat_reject) == 0
@@ -146,7 +155,7 @@ def test_doorbells_many_qps_random_backpressure(seed):
             await ctx.tick()
         assert not ctx.get(dut.sq_db.valid)
 
-    sim = Simulator(dut)
+    sim = Simulator(top)
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
@@ -158,39 +167,40 @@ def test_doorbells_many_qps_random_backpressure(seed):
 
 
 def test_rq_and_cq_doorbells():
-    dut = Doorbells(CFG)
+    top, dut = doorbells()
 
     async def tb(ctx):
         ctx.set(dut.rq_db.ready, 0)
         ctx.set(dut.cq_db.ready, 0)
-        await mmio_write(ctx, dut.bus, Reg.RQ_DB, db_word(5, 77))
-        await mmio_write(ctx, dut.bus, Reg.CQ_DB, db_word(3, 12))
+        await mmio_write(ctx, top.bus, Reg.RQ_DB, db_word(5, 77))
+        await mmio_write(ctx, top.bus, Reg.CQ_DB, db_word(3, 12))
         await ctx.tick()        # the buffered FIFO shows an entry one cycle later
         assert ctx.get(dut.rq_db.valid) and ctx.get(dut.rq_db.payload.qpn) == 5
         assert ctx.get(dut.rq_db.payload.pi) == 77
         assert ctx.get(dut.cq_db.valid) and ctx.get(dut.cq_db.payload.cqn) == 3
         assert ctx.get(dut.cq_db.payload.ci) == 12
 
-    sim = Simulator(dut)
+    sim = Simulator(top)
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
 
 
 def test_counters():
-    dut = Counters(4)
+    dut = Counters(5)     # alone: its bus addresses are relative to COUNTER_BASE
 
     async def tb(ctx):
-        for i, v in enumerate((1, 0, 7, 3)):
+        for i, v in enumerate((1, 0, 7, 3, 2)):
             ctx.set(dut.inc[i], v)
         for _ in range(10):
             await ctx.tick()
-        for i in range(4):
+        for i in range(5):
             ctx.set(dut.inc[i], 0)
         await ctx.tick()
-        vals = [await mmio_read(ctx, dut.bus, COUNTER_BASE + 8 * i) for i in range(4)]
-        assert vals == [10, 0, 70, 30]
-        assert await mmio_read(ctx, dut.bus, COUNTER_BASE + 8 * 4) == 0
+        vals = [await mmio_read(ctx, dut.bus, 8 * i) for i in range(5)]
+        assert vals == [10, 0, 70, 30, 20]
+        # beyond the last counter but inside the bus's address range: 0
+        assert await mmio_read(ctx, dut.bus, 8 * 5) == 0
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -205,7 +215,7 @@ def test_blueflame_write_rings_and_hands_over_the_wqe():
     pi = index + 1 (checked like an 8-byte ring); a good one also gives its WQE on sq_bf."""
     from hw import formats
     from hw.regmap import BLUEFLAME_BASE
-    dut = Doorbells(CFG)
+    top, dut = doorbells()
     binding = {0: 0, 5: 2}
 
     def bf(ctx, reg, qpn, index, wr_id):
@@ -239,7 +249,7 @@ def test_blueflame_write_rings_and_hands_over_the_wqe():
             await ctx.tick()
         assert got == [(0, 1), (5, 42)]
 
-    sim = Simulator(dut)
+    sim = Simulator(top)
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
