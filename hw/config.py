@@ -55,6 +55,9 @@ class NicConfig:
                     ``max_rd_atomic`` (a retransmitted atomic must still be in it); other
                     values need a wider replay pointer in the responder's QP state.
     doorbell_fifo_depth  receive and CQ doorbells queued in the doorbell block.
+    atomic_inflight the responder's atomic unit: operations in flight at once (1 .. 16),
+                    serialised per 8-byte address (hw/atomic.py); 1 executes one atomic at a
+                    time for the whole NIC.
 
     The memory-region cache (MR contexts live in host memory, ICM; docs/caches.md):
 
@@ -90,6 +93,7 @@ class NicConfig:
     bf_entries: int = 4
     read_buffers: int = 4
     replay_slots: int = 16
+    atomic_inflight: int = 4
     doorbell_fifo_depth: int = 16
     mr_cache_sets: int = 2
     mr_cache_ways: int = 2
@@ -122,6 +126,7 @@ class NicConfig:
         _check_pow2("desc_depth", self.desc_depth, 2, 64)
         _check_range("bf_entries", self.bf_entries, 1, 16)
         _check_pow2("read_buffers", self.read_buffers, 2, 16)
+        _check_range("atomic_inflight", self.atomic_inflight, 1, 16)
         if self.replay_slots != 16:
             # the responder's per-QP replay pointer is 4 bits; 16 >= max_rd_atomic (<= 16)
             raise ValueError(f"replay_slots must be 16 (the responder's replay pointer is 4 bits), "

@@ -13,13 +13,23 @@ Models the RC responder of the InfiniBand Architecture Specification vol. 1 rele
 * chapter 10 QP states: requests are only executed in RTR or RTS; fatal errors move the QP
   to ERR (through ``set_err``).
 
-The responder executes **one request packet at a time** (a sequential FSM): the packet's
+The responder takes **one request packet at a time** (a sequential FSM): the packet's
 meta is latched, the QP context (``qp`` lookup) and the per-QP responder state (a
 ``lib.memory.Memory`` row: expected PSN, MSN, receive-queue consumer index and the state of
 the message in progress) are read, the packet is checked, then executed (payload streamed
-to ``wr``; the receive WQE read through ``rd_wqe``, atomics by the atomic unit through
-``at_rd`` / ``at_wr``), then the CQE, the QP-error request and the ACK/NAK are issued in that
-order and the state row is written back.
+to ``wr``; the receive WQE read through ``rd_wqe``), then the CQE, the QP-error request and
+the ACK/NAK are issued in that order and the state row is written back.
+
+Atomics do not stop the FSM: it hands an atomic to the atomic unit (``at_rd`` / ``at_wr``;
+``cfg.atomic_inflight`` operations in flight, serialised per 8-byte address, answers in
+order) with its QP, PSN and replay slot, queues a RESP_ATOMIC_PEND descriptor in the
+atomic's place among the responses, and goes on with the next packet. The unit's answer
+goes into the replay cache and into a results FIFO; the transmitter takes the next result
+when it reaches the next RESP_ATOMIC_PEND. Ordering (IBA 9.5): a READ queued after an
+atomic is not prefetched before the atomic has been answered (so it reads what the atomic
+wrote), and payload writes (WRITE, SEND) wait until every atomic taken before is answered.
+A duplicate of an atomic still executing is not in the replay cache yet: it is dropped (the
+requester retries; the original's acknowledge is on its way).
 
 The CQE and the response descriptors pass a :class:`~hw.lib.write_gate.WriteGate` first:
 they leave, in order, only once the host has answered the payload writes issued before
@@ -49,8 +59,10 @@ payload ``wr``; a port that stalls stalls only itself.
 Host-interface errors (docs/errors.md): a READ packet whose data the host failed to read is
 replaced by a NAK (remote operational error) at its PSN, the rest of the READ is dropped and
 the QP goes to ERR; a receive WQE the host failed to read: NAK, receive completion
-LOC_QP_OP_ERR with wr_id 0 (unknown); an atomic whose read or write failed: NAK, nothing
-remembered for a duplicate.
+LOC_QP_OP_ERR with wr_id 0 (unknown); an atomic whose read or write failed: NAK at its
+PSN when its turn in the response queue comes (the transmitter), the QP to ERR, nothing
+remembered for a duplicate (requests of the QP taken meanwhile have executed, as after a
+failed READ).
 
 Deadlock freedom
 ----------------
@@ -73,7 +85,12 @@ our responder). The responder breaks it on its side with three rules:
    one); a header goes to ``tx`` only when its payload is complete, so ``tx`` never waits
    on host memory in the middle of a packet.
 3. **The FSM's own DMA reads (receive WQE, atomic operand) are consumed as soon as they
-   arrive**: the FSM (or the atomic unit) waits for them right after issuing them.
+   arrive**: the FSM waits for its receive WQE right after issuing the read, and the atomic
+   unit has room for the answer of every read it issues. The atomic unit itself never
+   waits for tx: its results FIFO holds ``n_qps * 16`` results, more than a conforming peer
+   can have outstanding (16 READ / atomic requests per QP); if it is full anyway the FSM
+   waits before handing over the next atomic (as for a full response queue). Payload
+   writes waiting for the atomic unit wait only on host write responses.
 
 Ordering consequence: a READ's data is read from host memory when its packet is prefetched,
 which may be after later requests of the same QP have executed. The IBA ordering rules
@@ -162,7 +179,7 @@ from .regmap import mkey_index  # noqa: F401  (the MR slot computed below is the
 
 __all__ = ["Responder", "RSP_STATE", "RESP_ENTRY", "RNR_TIMER", "UDP_SPORT_BASE",
            "MSG_NONE", "MSG_SEND", "MSG_WRITE", "WQE_DMA_TAG", "READ_DMA_TAG",
-           "RESP_ACK", "RESP_READ", "RESP_ATOMIC"]
+           "RESP_ACK", "RESP_READ", "RESP_ATOMIC", "RESP_ATOMIC_PEND"]
 
 #: Default RNR NAK timer code (IBA table 45: 0x0E = 1.28 ms); the responder sends the
 #: min_rnr_timer of the QP context
@@ -196,12 +213,14 @@ RSP_STATE = data.StructLayout({
 REPLAY_SLOTS = NicConfig.replay_slots
 REPLAY_ENTRY = data.StructLayout({"psn": 24, "orig": 64})
 
-#: Kinds of response descriptors.
-RESP_ACK, RESP_READ, RESP_ATOMIC = 0, 1, 2
+#: Kinds of response descriptors. RESP_ATOMIC_PEND: the ATOMIC_ACKNOWLEDGE of an atomic
+#: still executing in the atomic unit; its original value is taken from the unit's results,
+#: in order, when the descriptor is sent (a reserved place in the ordered queue).
+RESP_ACK, RESP_READ, RESP_ATOMIC, RESP_ATOMIC_PEND = 0, 1, 2, 3
 
 #: One entry of the ordered response queue.
 RESP_ENTRY = data.StructLayout({
-    "kind": 2,        # RESP_ACK (ACK / NAK / RNR NAK), RESP_READ, RESP_ATOMIC
+    "kind": 2,        # RESP_ACK (ACK / NAK / RNR NAK), RESP_READ, RESP_ATOMIC(_PEND)
     "psn": 24,        # PSN of the (first) response
     "syn": 8,         # AETH syndrome (READ: ACK)
     "msn": 24,        # AETH MSN
@@ -267,7 +286,21 @@ class Responder(wiring.Component):
         mtu = cfg.mtu
         qb = self.qpn_bits
 
-        m.submodules.atomic = atomic = AtomicUnit(W)
+        # the atomic unit: several atomics in flight, serialised per address; each carries
+        # its QP, PSN and replay slot, and its answer lands in the replay cache and in the
+        # results FIFO that the transmitter takes in order (one per RESP_ATOMIC_PEND)
+        AT_CTX = data.StructLayout({"qpn": max(1, qb), "rp": 4, "psn": 24})
+        m.submodules.atomic = atomic = AtomicUnit(W, inflight=cfg.atomic_inflight,
+                                                  ctx_bits=AT_CTX.size)
+        # results not yet sent: at most n_qps * REPLAY_SLOTS atomics are outstanding from a
+        # conforming peer (max_rd_atomic <= 16 per QP), so the unit never waits for room
+        at_depth = cfg.n_qps * REPLAY_SLOTS
+        AT_RES = data.StructLayout({"orig": 64, "err": 1})
+        m.submodules.at_res = at_res = SyncFIFOBuffered(width=AT_RES.size, depth=at_depth)
+        at_out = Signal(range(at_depth + 1))   # dispatched, their response not yet sent
+        at_disp = Signal()                     # the FSM dispatches an atomic
+        at_sent = Signal()                     # the transmitter sends a RESP_ATOMIC_PEND
+        m.d.sync += at_out.eq(at_out + at_disp - at_sent)
 
         # ---- per-QP state and receive-queue producer indices --------------------------
         m.submodules.state_mem = st_mem = Memory(shape=RSP_STATE, depth=cfg.n_qps, init=[])
@@ -280,6 +313,18 @@ class Responder(wiring.Component):
         rc_rd = rc_mem.read_port(domain="comb")
         rc_wr = rc_mem.write_port()
         rscan = Signal(range(cfg.replay_slots))
+        at_o = atomic.o.payload
+        at_ctx = AT_CTX(at_o.ctx)
+        m.d.comb += [
+            atomic.o.ready.eq(at_res.w_rdy),
+            at_res.w_en.eq(atomic.o.valid),
+            at_res.w_data.eq(Cat(at_o.orig, at_o.err)),
+            # remember the result for a duplicate of this request (not after a failure)
+            rc_wr.addr.eq(Cat(at_ctx.rp, at_ctx.qpn[:qb])),
+            rc_wr.data.psn.eq(at_ctx.psn),
+            rc_wr.data.orig.eq(at_o.orig),
+            rc_wr.en.eq(atomic.o.valid & at_res.w_rdy & ~at_o.err),
+        ]
         pi_rd = pi_mem.read_port(domain="comb")
         pi_wr = pi_mem.write_port()
 
@@ -708,9 +753,11 @@ class Responder(wiring.Component):
 
             # ---- payload to memory ----------------------------------------------------
             with m.State("WDATA"):
+                # payload written only once every atomic taken before has been answered by
+                # the host (a WRITE / SEND after an atomic must not overtake it: IBA 9.5)
                 m.d.comb += [
-                    wr.valid.eq(self.rx.payload.valid),
-                    self.rx.payload.ready.eq(wr.ready),
+                    wr.valid.eq(self.rx.payload.valid & ~atomic.busy),
+                    self.rx.payload.ready.eq(wr.ready & ~atomic.busy),
                     wr.payload.addr.eq(wr_addr),
                     wr.payload.len.eq(pk.paylen),
                     wr.payload.tag.eq(qpn),
@@ -718,7 +765,7 @@ class Responder(wiring.Component):
                     wr.payload.nbytes.eq(self.rx.payload.payload.nbytes),
                     wr.payload.last.eq(self.rx.payload.payload.last),
                 ]
-                with m.If(self.rx.payload.valid & wr.ready & self.rx.payload.payload.last):
+                with m.If(wr.valid & wr.ready & self.rx.payload.payload.last):
                     m.d.sync += pay_pending.eq(0)
                     with m.If(is_wimm):
                         m.next = "WQE_REQ"
@@ -764,37 +811,31 @@ class Responder(wiring.Component):
 
             # ---- atomics --------------------------------------------------------------
             with m.State("AT_IN"):
+                # hand the atomic to the unit (it claims its address, reads, writes) and go
+                # on: its ATOMIC_ACKNOWLEDGE takes its place in the response queue (AT_PH)
+                # and is sent once the unit has answered (or a NAK if the host failed it)
+                ictx = AT_CTX(atomic.i.payload.ctx)
                 m.d.comb += [
-                    atomic.i.valid.eq(1),
+                    atomic.i.valid.eq(at_out != at_depth),
                     atomic.i.payload.op.eq(Mux(op == Op.FETCH_ADD.value, ATOMIC_FAA, ATOMIC_CAS)),
                     atomic.i.payload.addr.eq(pk.va),
                     atomic.i.payload.compare.eq(pk.compare),
                     atomic.i.payload.swap_add.eq(pk.swap_add),
+                    ictx.qpn.eq(qpn),
+                    ictx.rp.eq(s.rp),
+                    ictx.psn.eq(pk.psn),
                 ]
-                with m.If(atomic.i.ready):
-                    m.next = "AT_RUN"
-
-            with m.State("AT_RUN"):
-                m.d.comb += atomic.o.ready.eq(1)
-                with m.If(atomic.o.valid & atomic.o.payload.err):
-                    # the host failed the atomic's read or write: remote operational error,
-                    # QP to ERR, nothing remembered for a duplicate
-                    m.d.comb += dma_err_fsm.eq(1)
-                    nak(Syn.NAK_REM_OP_ERR.value, 1)
-                    m.next = "FIN_DISCARD"
-                with m.Elif(atomic.o.valid):
-                    # remember the result for a duplicate of this request
-                    m.d.comb += [
-                        rc_wr.addr.eq(Cat(s.rp, qpn)),
-                        rc_wr.data.psn.eq(pk.psn),
-                        rc_wr.data.orig.eq(atomic.o.payload.orig),
-                        rc_wr.en.eq(1),
-                    ]
+                with m.If(atomic.i.valid & atomic.i.ready):
+                    m.d.comb += at_disp.eq(1)
                     m.d.sync += [s.rp.eq(s.rp + 1), s.rfull.eq(s.rfull | (s.rp == cfg.replay_slots - 1))]
-                    m.d.sync += orig.eq(atomic.o.payload.orig)
-                    m.next = "AT_ACK"
+                    m.next = "AT_PH"
+
+            with m.State("AT_PH"):
+                with m.If(push(RESP_ATOMIC_PEND, pk.psn, Syn.ACK.value, s.msn)):
+                    m.next = "FIN_DISCARD"
 
             with m.State("AT_ACK"):
+                # a duplicate answered from the replay cache
                 with m.If(push(RESP_ATOMIC, pk.psn, Syn.ACK.value, s.msn, arg=orig)):
                     m.next = "FIN_DISCARD"
 
@@ -884,7 +925,9 @@ class Responder(wiring.Component):
                     with m.If(g.err):
                         # a payload write of this QP failed: its response becomes a NAK
                         # (remote operational error, IBA 9.7.5.2.4) and the QP goes to ERR
-                        m.d.comb += [q_entry.kind.eq(RESP_ACK),
+                        # (a pending atomic keeps its kind: its result is still taken)
+                        m.d.comb += [q_entry.kind.eq(Mux(gitem.resp.kind == RESP_ATOMIC_PEND,
+                                                         RESP_ATOMIC_PEND, RESP_ACK)),
                                      q_entry.syn.eq(Syn.NAK_REM_OP_ERR.value)]
                         with m.If(~d_nak_sent):
                             m.d.comb += q_push.eq(1)
@@ -937,6 +980,9 @@ class Responder(wiring.Component):
 
         # ---- read prefetcher: walks the response queue, requests READ data ----------
         p_adv = Signal()
+        p_pend = Signal()              # the prefetcher passes a RESP_ATOMIC_PEND
+        p_ahead = Signal(range(at_depth + 1))   # ... passed, not yet sent
+        m.d.sync += p_ahead.eq(p_ahead + p_pend - at_sent)
         m.d.comb += q_rp.addr.eq((q_p + p_adv)[:qk])    # data of entry q_p in the next cycle
         m.d.sync += q_p.eq(q_p + p_adv)
         pe = q_rp.data
@@ -951,6 +997,11 @@ class Responder(wiring.Component):
                     with m.If((pe.kind == RESP_READ) & (pe.len != 0)):
                         m.d.sync += [pf_addr.eq(pe.arg), pf_rem.eq(pe.len)]
                         m.next = "ISSUE"
+                    with m.Elif(pe.kind == RESP_ATOMIC_PEND):
+                        # not past an atomic still executing: a later READ must read what
+                        # the atomic wrote (and the transmitter then never waits for it)
+                        with m.If(at_res.level > p_ahead):
+                            m.d.comb += [p_adv.eq(1), p_pend.eq(1)]
                     with m.Else():
                         m.d.comb += p_adv.eq(1)
             with m.State("ISSUE"):
@@ -995,23 +1046,37 @@ class Responder(wiring.Component):
                                      x_bad.eq(0)]
                         m.next = "META"
                     with m.Else():
-                        is_at = te.kind == RESP_ATOMIC
+                        # an atomic's acknowledge: from the descriptor (a duplicate answered
+                        # from the replay cache) or the unit's next result; a failed one
+                        # (the host failed its read or write, or a payload write before it)
+                        # is a NAK, remote operational error (IBA 9.7.5.2.4), QP to ERR
+                        pend = te.kind == RESP_ATOMIC_PEND
+                        res = AT_RES(at_res.r_data)
+                        res_bad = pend & res.err
+                        syn = Mux(res_bad, Syn.NAK_REM_OP_ERR.value, te.syn)
+                        is_at = ((te.kind == RESP_ATOMIC) | pend) & (syn == Syn.ACK.value)
                         m.d.comb += [
-                            self.tx.meta.valid.eq(1),
+                            self.tx.meta.valid.eq(~pend | at_res.r_rdy),
                             tm.dst_node.eq(te.dest_node),
                             tm.dest_qpn.eq(te.dest_qpn),
                             tm.udp_sport.eq(te.udp_sport),
                             tm.opcode.eq(Mux(is_at, Op.ATOMIC_ACKNOWLEDGE.value, Op.ACKNOWLEDGE.value)),
                             tm.psn.eq(te.psn),
-                            tm.syndrome.eq(te.syn),
+                            tm.syndrome.eq(syn),
                             tm.msn.eq(te.msn),
-                            tm.orig.eq(Mux(is_at, te.arg, 0)),
+                            tm.orig.eq(Mux(is_at, Mux(pend, res.orig, te.arg), 0)),
                         ]
-                        with m.If(self.tx.meta.ready):
+                        with m.If(self.tx.meta.valid & self.tx.meta.ready):
                             m.d.comb += [
                                 t_adv.eq(1),
-                                self.stat_nak.eq(~is_at & (te.syn != Syn.ACK.value)),
+                                self.stat_nak.eq(~is_at & (syn != Syn.ACK.value)),
+                                at_res.r_en.eq(pend),
+                                at_sent.eq(pend),
                             ]
+                            with m.If(res_bad & (te.syn == Syn.ACK.value)):
+                                m.d.comb += dma_err_tx.eq(1)
+                                m.d.sync += rd.eq(te)
+                                m.next = "ERRQ"
             with m.State("META"):
                 has_aeth = x_first | x_last
                 filled = (n_filled != n_sent) & pkt_err.r_rdy

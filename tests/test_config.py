@@ -27,6 +27,8 @@ def test_presets_exist():
     ({"read_buffers": 1}, r"read_buffers must be a power of two in \[2, 16\], not 1"),
     ({"replay_slots": 32}, r"replay_slots must be 16 \(the responder's replay pointer is 4 bits\), not 32"),
     ({"doorbell_fifo_depth": 3}, r"doorbell_fifo_depth must be a power of two in \[2, 256\], not 3"),
+    ({"atomic_inflight": 0}, r"atomic_inflight must be an integer in \[1, 16\], not 0"),
+    ({"atomic_inflight": 17}, r"atomic_inflight must be an integer in \[1, 16\], not 17"),
     ({"mr_cache_sets": 32}, r"mr_cache_sets must be a power of two in \[1, 16\], not 32"),
     ({"mr_cache_ways": 17}, r"mr_cache_ways must be an integer in \[1, 16\], not 17"),
     ({"mr_cache_policy": "plru", "mr_cache_ways": 3},

@@ -12,15 +12,20 @@ from tests.hw.dma_models import PortMemorySim, tick_until
 MASK64 = (1 << 64) - 1
 
 
-def run_atomic(data_bytes, ops, mem, bp, seed=1, fail=None, errs=None):
+def run_atomic(data_bytes, ops, mem, bp, seed=1, fail=None, errs=None, inflight=1, lat=None,
+               stats=None):
     """Run ``ops`` (list of (op, addr, compare, swap_add)) against ``mem`` (a bytearray)
     through the shared DMA port model; return (answers, writes, cycles). ``fail`` makes DMA
-    requests fail (see PortMemorySim); ``errs`` (a list) receives each answer's err."""
+    requests fail (see PortMemorySim); ``errs`` (a list) receives each answer's err. Each
+    operation carries its index as ``ctx``; the answers must come back with it, in order.
+    ``stats`` (a dict) receives the DMA reads issued and ``claim_waits``."""
     rng = random.Random(seed)
-    dut = AtomicUnit(data_bytes)
+    dut = AtomicUnit(data_bytes, inflight=inflight, ctx_bits=8)
     host = HostMemory()
     host.write(0, bytes(mem))
-    dma = PortMemorySim(data_bytes, mem=host, seed=seed, lat=(1, 6) if bp else (1, 1),
+    if lat is None:
+        lat = (1, 6) if bp else (1, 1)
+    dma = PortMemorySim(data_bytes, mem=host, seed=seed, lat=lat,
                         p_ready=0.6 if bp else 1.0, p_gap=0.3 if bp else 0.0, fail=fail)
     answers = []
     result = {}
@@ -28,11 +33,15 @@ def run_atomic(data_bytes, ops, mem, bp, seed=1, fail=None, errs=None):
     def p(x):
         return rng.random() < x if bp else True
 
+    issued = []
+
     async def drive(ctx):
         for op, addr, cmp_, sa in ops:
             while not p(0.7):
                 await ctx.tick()
-            ctx.set(dut.i.payload, {"op": op, "addr": addr, "compare": cmp_, "swap_add": sa})
+            ctx.set(dut.i.payload, {"op": op, "addr": addr, "compare": cmp_, "swap_add": sa,
+                                    "ctx": len(issued) & 0xFF})
+            issued.append(1)
             ctx.set(dut.i.valid, 1)
             await tick_until(ctx, dut.i.ready)
             ctx.set(dut.i.valid, 0)
@@ -45,10 +54,16 @@ def run_atomic(data_bytes, ops, mem, bp, seed=1, fail=None, errs=None):
             _, _, v, pl = await ctx.tick().sample(dut.o.valid, dut.o.payload)
             cyc += 1
             if v and r:
+                assert int(pl.ctx) == len(answers) & 0xFF       # in request order, ctx kept
                 answers.append(int(pl.orig))
                 if errs is not None:
                     errs.append(int(pl.err))
         result["cycles"] = cyc
+        if stats is not None:
+            stats["claim_waits"] = ctx.get(dut.claim_waits)
+        for _ in range(3):
+            await ctx.tick()
+        assert not ctx.get(dut.busy)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -60,6 +75,8 @@ def run_atomic(data_bytes, ops, mem, bp, seed=1, fail=None, errs=None):
     sim.run()
     mem[:] = host.read(0, len(mem))
     writes = [(a, data) for _, a, n, _, ok, data in dma.writes if ok]
+    if stats is not None:
+        stats["reads"] = len(dma.reads)
     return answers, writes, result["cycles"]
 
 
@@ -117,26 +134,64 @@ def test_atomic_directed(bp):
             assert mem[i] == before[i]
 
 
-@pytest.mark.parametrize("data_bytes,bp,seed", [(8, True, 3), (64, True, 4), (8, False, 5)])
-def test_atomic_random(data_bytes, bp, seed):
+@pytest.mark.parametrize("data_bytes,bp,seed,inflight", [
+    (8, True, 3, 1), (64, True, 4, 1), (8, False, 5, 1),
+    (8, True, 6, 4), (64, True, 7, 16), (8, False, 8, 3)])
+def test_atomic_random(data_bytes, bp, seed, inflight):
+    """Random CAS / FAA on four addresses (two in one quadword) against a sequential model:
+    with several operations in flight the answers, the writes (in order) and the memory are
+    those of executing them one at a time."""
     rng = random.Random(seed)
     mem = bytearray(rng.randbytes(256))
-    ops = make_ops(rng, 25, mem)
+    ops = make_ops(rng, 40, mem)
     exp_mem = bytearray(mem)
     exp_answers, exp_writes = model(ops, exp_mem)
-    answers, writes, _ = run_atomic(data_bytes, ops, mem, bp, seed)
+    answers, writes, _ = run_atomic(data_bytes, ops, mem, bp, seed, inflight=inflight,
+                                    lat=(1, 30) if inflight > 1 else None)
     assert answers == exp_answers
     assert writes == exp_writes
     assert mem == exp_mem
 
 
-def test_atomic_is_serialized():
-    """Back-to-back FAAs on one address each see the previous result (no lost update)."""
+@pytest.mark.parametrize("inflight", [1, 4])
+def test_atomic_is_serialized(inflight):
+    """Back-to-back FAAs on one address each see the previous result (no lost update), also
+    with several operations allowed in flight: each waits for the one before (counted)."""
     mem = bytearray(64)
     ops = [(ATOMIC_FAA, 8, 0, 1)] * 10
-    answers, _, _ = run_atomic(8, ops, mem, bp=True, seed=11)
+    stats = {}
+    answers, _, _ = run_atomic(8, ops, mem, bp=True, seed=11, inflight=inflight, stats=stats)
     assert answers == list(range(10))
     assert int.from_bytes(mem[8:16], "little") == 10
+    if inflight > 1:
+        assert stats["claim_waits"] > 0
+
+
+def test_atomics_on_different_addresses_overlap():
+    """With a 40-cycle host round trip, 16 FAAs on 16 addresses take about one round trip
+    per operation with one in flight, and a fraction of that with eight in flight; the
+    results are the same."""
+    cycles = {}
+    for inflight in (1, 8):
+        mem = bytearray(256)
+        ops = [(ATOMIC_FAA, 8 * k, 0, k + 1) for k in range(16)]
+        answers, writes, cycles[inflight] = run_atomic(8, ops, mem, bp=False, inflight=inflight,
+                                                       lat=(40, 40))
+        assert answers == [0] * 16
+        assert [int.from_bytes(mem[8 * k:8 * k + 8], "little") for k in range(16)] == \
+            list(range(1, 17))
+    assert cycles[1] >= 16 * 80            # a read and a write round trip each
+    assert cycles[8] * 4 < cycles[1], cycles
+
+
+@pytest.mark.parametrize("name,kw,msg", [
+    ("inflight", {"inflight": 0}, r"inflight must be an integer in \[1, 16\], not 0"),
+    ("inflight", {"inflight": 17}, r"inflight must be an integer in \[1, 16\], not 17"),
+    ("ctx_bits", {"ctx_bits": 0}, r"ctx_bits must be an integer in \[1, 64\], not 0"),
+])
+def test_atomic_bad_parameters(name, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        AtomicUnit(8, **kw)
 
 
 @pytest.mark.parametrize("bad", [0, 4, 12, 128, 8.0, True])

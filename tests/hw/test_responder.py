@@ -8,6 +8,7 @@ IBA responder behaviour (IBA vol. 1 rel. 1.4, 9.7); both must agree on the tx pa
 QP-error requests, NAK/drop pulses and on every byte of host memory.
 """
 
+from dataclasses import replace
 import copy
 import random
 
@@ -1355,3 +1356,72 @@ def test_receive_wqe_and_atomic_failures():
     assert naks(out) == [(20, 0x63)] and out["errs"] == [0]
     assert not any(m["opcode"] == Op.ATOMIC_ACKNOWLEDGE.value for m, _ in out["tx"])
     assert out["mem"][0x400:0x408] == out["mem0"][0x400:0x408]
+
+
+# ---------------------------------------------------------------------------------------
+# atomics in flight (hw/atomic.py: several at once, serialised per address)
+
+def test_atomics_overlap_their_dma_latency():
+    """16 FETCH_ADDs on 16 addresses over four QPs, with a 40-cycle host round trip: with
+    four atomics in flight the responder waits for the host about once per four atomics,
+    with one (atomic_inflight=1) once per atomic (a read and a write round trip each). The
+    responses and memory are the model's (sequential execution) either way."""
+    qs = (0, 1, 3, 3)                  # QP 2 grants no remote atomics
+    items = [event(q, QpState.RTS, 0) for q in (0, 1, 3)]
+    psn = {q: 0 for q in qs}
+    for k in range(16):
+        q = qs[k % 4]
+        items.append(pkt(Op.FETCH_ADD, q, psn[q], va=0x600 + 8 * k, rkey=K0, swap_add=k + 1))
+        psn[q] += 1
+    cycles = {}
+    for inflight in (1, 4):
+        out = run(items, cfg=replace(CFG, atomic_inflight=inflight), rd_latency=40)
+        cycles[inflight] = out["first_tx"], out["cycles"]
+        assert sum(m["opcode"] == Op.ATOMIC_ACKNOWLEDGE.value for m, _ in out["tx"]) == 16
+    assert cycles[1][1] > 16 * 80, cycles
+    assert 2 * cycles[4][1] < cycles[1][1], cycles
+
+
+@pytest.mark.parametrize("bp", [False, True])
+def test_write_and_read_after_atomic_keep_order(bp):
+    """Requests of one QP after an atomic still in flight, on its address: a READ returns
+    what the atomic wrote, a WRITE lands after it (the model executes them in order; its
+    memory and READ responses are the reference). Atomics of other QPs on one address are
+    serialised (each sees the previous one's result). (A request *after a READ* may execute
+    before the READ's data is read, as IBA 9.5 allows: the READs here have addresses of
+    their own.)"""
+    items = [event(0, QpState.RTS, 0), event(1, QpState.RTS, 0), event(3, QpState.RTS, 0)]
+    psn = 0
+    for rep in range(3):
+        a, b = 0x600 + 16 * rep, 0x608 + 16 * rep
+        items += [pkt(Op.FETCH_ADD, 0, psn, va=a, rkey=K0, swap_add=5),
+                  pkt(Op.READ_REQUEST, 0, psn + 1, va=a, rkey=K0, dma_len=8),
+                  pkt(Op.FETCH_ADD, 0, psn + 2, va=b, rkey=K0, swap_add=3),
+                  pkt(Op.WRITE_ONLY, 0, psn + 3, rnd(8, rep), ackreq=1, va=b, rkey=K0,
+                      dma_len=8)]
+        items += [pkt(Op.COMPARE_SWAP, 1, 2 * rep, va=0x700, rkey=K0, compare=0, swap_add=9),
+                  pkt(Op.FETCH_ADD, 3, rep, va=0x700, rkey=K0, swap_add=1),
+                  pkt(Op.FETCH_ADD, 1, 2 * rep + 1, va=0x700, rkey=K0, swap_add=1)]
+        psn += 4
+    run(items, bp=bp, seed=3, rd_latency=30)
+
+
+def test_failed_atomic_among_several_in_flight():
+    """Three atomics of three QPs in flight; the host fails the read of the middle one: only
+    its QP gets the NAK (remote operational error) and goes to ERR; the others are
+    acknowledged with their original values and applied."""
+    fail = lambda a, n, w: not w and a == 0x608
+    items = [event(q, QpState.RTS, 0) for q in (0, 1, 3)]
+    items += [pkt(Op.FETCH_ADD, q, 0, va=0x600 + 8 * i, rkey=K0, swap_add=1 + i)
+              for i, q in enumerate((0, 1, 3))]
+    out = sim_fail(items, fail, bp=False)
+    assert naks(out) == [(0, 0x63)] and out["errs"] == [1]
+    acks = [(m["dest_qpn"], m["orig"]) for m, _ in out["tx"]
+            if m["opcode"] == Op.ATOMIC_ACKNOWLEDGE.value]
+    mem0 = out["mem0"]
+    orig = [int.from_bytes(mem0[0x600 + 8 * i:0x608 + 8 * i], "little") for i in (0, 2)]
+    assert sorted(o for _, o in acks) == sorted(orig) and len(acks) == 2
+    for i in (0, 2):
+        assert int.from_bytes(out["mem"][0x600 + 8 * i:0x608 + 8 * i], "little") == \
+            (int.from_bytes(mem0[0x600 + 8 * i:0x608 + 8 * i], "little") + 1 + i) % (1 << 64)
+    assert out["mem"][0x608:0x610] == mem0[0x608:0x610]
