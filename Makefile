@@ -11,8 +11,10 @@ install:
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e .
 
+# two workers (the machines this runs on have 2 cores), a file at a time: tests/conftest.py
+JOBS ?= 2
 test:
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 
 test-slow:
 	$(PY) -m pytest -m slow -q

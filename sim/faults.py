@@ -107,7 +107,11 @@ class FrameInjector:
             | (int(last) << o["last"])
 
     async def _drive(self, frame):
-        from cocotb.triggers import RisingEdge
+        # ``ready`` is read in the ReadOnly phase before the edge that samples it (inputs
+        # written, logic settled): the handshake the design sees on every kind of clock. A
+        # read after ``RisingEdge`` would see the value from *after* the edge on a plain
+        # in-simulation clock (sim/simclock.py, "Sampling").
+        from cocotb.triggers import ReadOnly, RisingEdge
         W = self.W
         n = len(frame)
         for off in range(0, n, W):
@@ -115,8 +119,10 @@ class FrameInjector:
             self.payload.value = self._encode(chunk, len(chunk), off + W >= n)
             self.valid.value = 1
             while True:
+                await ReadOnly()
+                taken = int(self.ready.value)
                 await RisingEdge(self.clk)
-                if int(self.ready.value):
+                if taken:
                     break
             self.beats += 1
         self.frames += 1

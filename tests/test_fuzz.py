@@ -32,6 +32,7 @@ from amaranth.lib.wiring import Out
 
 from hw.config import preset
 from hw.system import TwoNodeSystem
+from sim.experiment import build_system
 from sim.verilator import build, run
 
 PROBES = ("dpkt_ok", "dpkt_icrc", "dpkt_malformed", "demux_drop", "resp_drop")
@@ -96,8 +97,8 @@ def _run(n_frames, seed, name, probes, testcase="test_fuzz", **env):
     cfg = preset("small")
     if probes:
         info = build(FuzzTop(cfg), "fuzz_small")
-    else:       # the same build as tests/test_system.py (cached by the Verilog hash)
-        info = build(TwoNodeSystem(cfg), "system_small")
+    else:       # the build of tests/test_system.py, the demo and the reliability tests (clock
+        info = build_system(cfg, fast=True)     # inside the simulation; cached by its hash)
     env = {"RNIC_PRESET": "small", "FUZZ_FRAMES": str(n_frames), "FUZZ_SEED": str(seed),
            **{k: str(v) for k, v in env.items()}}
     result = run(info, "tests.cocotb.tb_fuzz", testcase=testcase, extra_env=env, check=False,
