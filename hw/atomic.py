@@ -48,14 +48,19 @@ through unchanged: the client's context of the operation)
 ``dma_wr``: ``Out(DmaWritePort(data_bytes))`` (one 8-byte single-beat write, skipped for a
 failed CAS)
 ``busy``: ``Out(1)``, an operation has been taken and not yet answered
+``owner``: ``In(owner_bits)``, ``owner_busy``: ``Out(1)`` (with ``owner_bits > 0``): an
+operation whose ``ctx[:owner_bits]`` equals ``owner`` has been taken and not yet answered,
+in the same cycle (a compare per slot). The responder gives the QPN of the packet it is
+writing, so that a WRITE or SEND waits for the atomics of its own QP only (IBA vol. 1 9.5:
+ordering is per QP).
 ``claim_waits``: ``Out(32)``, cycles the head waited because its address was in flight or
 every slot was taken
 
 Parameters: ``data_bytes`` a power of two in [8, 64]; ``inflight`` in [1, 16];
-``ctx_bits`` in [1, 64].
+``ctx_bits`` in [1, 64]; ``owner_bits`` in [0, ``ctx_bits``] (0: no ``owner`` ports).
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -92,12 +97,16 @@ class AtomicUnit(wiring.Component):
     """8-byte CAS / FAA through DMA, several in flight, serialised per address (see the
     module docstring)."""
 
-    def __init__(self, data_bytes, *, inflight=1, ctx_bits=1):
+    def __init__(self, data_bytes, *, inflight=1, ctx_bits=1, owner_bits=0):
         check_data_bytes(data_bytes)
         check_int("inflight", inflight, 1, 16)
         check_int("ctx_bits", ctx_bits, 1, 64)
+        check_int("owner_bits", owner_bits, 0, ctx_bits)
         self.data_bytes, self.inflight, self.ctx_bits = data_bytes, inflight, ctx_bits
+        self.owner_bits = owner_bits
+        owner = {"owner": In(owner_bits), "owner_busy": Out(1)} if owner_bits else {}
         super().__init__({
+            **owner,
             "i": In(stream.Signature(atomic_req(ctx_bits))),
             "o": Out(stream.Signature(atomic_resp(ctx_bits))),
             "dma_rd": Out(DmaReadPort(data_bytes)),
@@ -183,4 +192,17 @@ class AtomicUnit(wiring.Component):
             table.release.payload.slot.eq(ans.slot),
             self.busy.eq(table.used != 0),
         ]
+
+        # owners of the slots in flight (set at the claim, cleared at the answer)
+        if self.owner_bits:
+            live = Signal(n)
+            owners = [Signal(self.owner_bits, name=f"owner{i}") for i in range(n)]
+            hits = []
+            for i in range(n):
+                with m.If(fire & (ans.slot == i)):
+                    m.d.sync += live[i].eq(0)
+                with m.If(self.i.valid & self.i.ready & (table.claim_slot == i)):
+                    m.d.sync += [live[i].eq(1), owners[i].eq(req.ctx[:self.owner_bits])]
+                hits.append(live[i] & (owners[i] == self.owner))
+            m.d.comb += self.owner_busy.eq(Cat(*hits).any())
         return m

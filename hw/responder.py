@@ -27,7 +27,8 @@ atomic's place among the responses, and goes on with the next packet. The unit's
 goes into the replay cache and into a results FIFO; the transmitter takes the next result
 when it reaches the next RESP_ATOMIC_PEND. Ordering (IBA 9.5): a READ queued after an
 atomic is not prefetched before the atomic has been answered (so it reads what the atomic
-wrote), and payload writes (WRITE, SEND) wait until every atomic taken before is answered.
+wrote), and payload writes (WRITE, SEND) wait until every atomic of their QP taken before is
+answered (the unit's ``owner_busy``; other QPs' atomics do not hold them).
 A duplicate of an atomic still executing is not in the replay cache yet: it is dropped (the
 requester retries; the original's acknowledge is on its way).
 
@@ -291,7 +292,7 @@ class Responder(wiring.Component):
         # results FIFO that the transmitter takes in order (one per RESP_ATOMIC_PEND)
         AT_CTX = data.StructLayout({"qpn": max(1, qb), "rp": 4, "psn": 24})
         m.submodules.atomic = atomic = AtomicUnit(W, inflight=cfg.atomic_inflight,
-                                                  ctx_bits=AT_CTX.size)
+                                                  ctx_bits=AT_CTX.size, owner_bits=max(1, qb))
         # results not yet sent: at most n_qps * REPLAY_SLOTS atomics are outstanding from a
         # conforming peer (max_rd_atomic <= 16 per QP), so the unit never waits for room
         at_depth = cfg.n_qps * REPLAY_SLOTS
@@ -753,11 +754,13 @@ class Responder(wiring.Component):
 
             # ---- payload to memory ----------------------------------------------------
             with m.State("WDATA"):
-                # payload written only once every atomic taken before has been answered by
-                # the host (a WRITE / SEND after an atomic must not overtake it: IBA 9.5)
+                # payload written only once every atomic of this QP taken before has been
+                # answered by the host (a WRITE / SEND after an atomic must not overtake it:
+                # IBA 9.5, ordering within a QP); other QPs' atomics do not hold it
                 m.d.comb += [
-                    wr.valid.eq(self.rx.payload.valid & ~atomic.busy),
-                    self.rx.payload.ready.eq(wr.ready & ~atomic.busy),
+                    atomic.owner.eq(qpn),
+                    wr.valid.eq(self.rx.payload.valid & ~atomic.owner_busy),
+                    self.rx.payload.ready.eq(wr.ready & ~atomic.owner_busy),
                     wr.payload.addr.eq(wr_addr),
                     wr.payload.len.eq(pk.paylen),
                     wr.payload.tag.eq(qpn),

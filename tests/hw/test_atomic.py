@@ -18,9 +18,11 @@ def run_atomic(data_bytes, ops, mem, bp, seed=1, fail=None, errs=None, inflight=
     through the shared DMA port model; return (answers, writes, cycles). ``fail`` makes DMA
     requests fail (see PortMemorySim); ``errs`` (a list) receives each answer's err. Each
     operation carries its index as ``ctx``; the answers must come back with it, in order.
-    ``stats`` (a dict) receives the DMA reads issued and ``claim_waits``."""
+    ``stats`` (a dict) receives the DMA reads issued and ``claim_waits``. Every cycle a
+    monitor asks ``owner_busy`` about a random owner (the low 3 bits of ``ctx``) and checks
+    it against the operations taken and not yet answered."""
     rng = random.Random(seed)
-    dut = AtomicUnit(data_bytes, inflight=inflight, ctx_bits=8)
+    dut = AtomicUnit(data_bytes, inflight=inflight, ctx_bits=8, owner_bits=3)
     host = HostMemory()
     host.write(0, bytes(mem))
     if lat is None:
@@ -65,14 +67,33 @@ def run_atomic(data_bytes, ops, mem, bp, seed=1, fail=None, errs=None, inflight=
             await ctx.tick()
         assert not ctx.get(dut.busy)
 
+    async def owners(ctx):
+        live = []               # ctx of the operations taken and not yet answered, in order
+        mrng = random.Random(seed + 100)
+        checked = 0
+        while True:
+            ctx.set(dut.owner, mrng.randrange(8))
+            _, _, iv, ir, ictx, ov, orr, octx, own, busy = await ctx.tick().sample(
+                dut.i.valid, dut.i.ready, dut.i.payload.ctx, dut.o.valid, dut.o.ready,
+                dut.o.payload.ctx, dut.owner, dut.owner_busy)
+            assert busy == any(c & 7 == own for c in live), (own, live)
+            checked += busy
+            if ov and orr:
+                assert live.pop(0) == octx
+            if iv and ir:
+                live.append(int(ictx))
+            result["owner_busy_seen"] = checked
+
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     dma.clock(sim)
     dma.read_port(sim, dut.dma_rd)
     dma.write_port(sim, dut.dma_wr)
     sim.add_testbench(drive, background=True)
+    sim.add_testbench(owners, background=True)
     sim.add_testbench(sink)
     sim.run()
+    assert result.get("owner_busy_seen", 0) > 0 or len(ops) == 0
     mem[:] = host.read(0, len(mem))
     writes = [(a, data) for _, a, n, _, ok, data in dma.writes if ok]
     if stats is not None:
@@ -188,6 +209,9 @@ def test_atomics_on_different_addresses_overlap():
     ("inflight", {"inflight": 0}, r"inflight must be an integer in \[1, 16\], not 0"),
     ("inflight", {"inflight": 17}, r"inflight must be an integer in \[1, 16\], not 17"),
     ("ctx_bits", {"ctx_bits": 0}, r"ctx_bits must be an integer in \[1, 64\], not 0"),
+    ("owner_bits", {"ctx_bits": 4, "owner_bits": 5},
+     r"owner_bits must be an integer in \[0, 4\], not 5"),
+    ("owner_bits", {"owner_bits": -1}, r"owner_bits must be an integer in \[0, 1\], not -1"),
 ])
 def test_atomic_bad_parameters(name, kw, msg):
     with pytest.raises(ValueError, match=msg):

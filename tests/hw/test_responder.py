@@ -400,7 +400,8 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
     qps = copy.deepcopy(qps)
     mr_ints = [lint(MR_ENTRY, e) for e in mrs]
     out = dict(tx=[], cqes=[], errs=[], naks=0, drops=0, dups=0, seq_drops=0, replays=0, coalesced=0, mem=mem, cycles=0, rx_done=None,
-               rd_stall=0, resp_full=0, read_bytes_in_hold=0, first_tx=None)
+               rd_stall=0, resp_full=0, read_bytes_in_hold=0, first_tx=None,
+               writes=[])
 
     def p(x):
         return rng.random() < x if bp else True
@@ -535,6 +536,7 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
                         bad = bool(fail and fail(a, n, True))
                         if not bad:
                             mem[a:a + n] = data
+                        out["writes"].append((cyc, a, n))
                         dones[k].append([cyc + (rng.randint(1, 8) if bp else rd_latency),
                                          int(tag), int(bad)])
                         wr[k] = None
@@ -1404,6 +1406,23 @@ def test_write_and_read_after_atomic_keep_order(bp):
                   pkt(Op.FETCH_ADD, 1, 2 * rep + 1, va=0x700, rkey=K0, swap_add=1)]
         psn += 4
     run(items, bp=bp, seed=3, rd_latency=30)
+
+
+def test_write_of_another_qp_passes_atomics_in_flight():
+    """Ordering is per QP (IBA 9.5): a WRITE of QP 1 behind two atomics of QP 0 lands while
+    they are still waiting for the (slow) host; a WRITE of QP 0 behind them lands after their
+    writes. Memory and responses are the model's."""
+    items = [event(0, QpState.RTS, 0), event(1, QpState.RTS, 0)]
+    items += [pkt(Op.FETCH_ADD, 0, 0, va=0x600, rkey=K0, swap_add=5),
+              pkt(Op.COMPARE_SWAP, 0, 1, va=0x608, rkey=K0, compare=0, swap_add=7),
+              pkt(Op.WRITE_ONLY, 1, 0, rnd(8, 1), ackreq=1, va=0x800, rkey=K0, dma_len=8),
+              pkt(Op.WRITE_ONLY, 0, 2, rnd(8, 2), ackreq=1, va=0x808, rkey=K0, dma_len=8)]
+    out = run(items, rd_latency=60)
+    at = {a: c for c, a, n in out["writes"] if a in (0x600, 0x608)}
+    w = {a: c for c, a, n in out["writes"] if a in (0x800, 0x808)}
+    assert 0x600 in at and set(w) == {0x800, 0x808}, out["writes"]
+    assert w[0x800] < min(at.values()), out["writes"]          # QP 1: not held
+    assert w[0x808] > max(at.values()), out["writes"]          # QP 0: after its atomics
 
 
 def test_failed_atomic_among_several_in_flight():
