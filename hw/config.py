@@ -58,6 +58,8 @@ class NicConfig:
     atomic_inflight the responder's atomic unit: operations in flight at once (1 .. 16),
                     serialised per 8-byte address (hw/atomic.py); 1 executes one atomic at a
                     time for the whole NIC.
+    rq_prefetch     the responder's receive-WQE prefetch (hw/ctx/rq_prefetch.py): receive
+                    WQE reads in flight at once (1 .. 16), of different QPs.
 
     The memory-region cache (MR contexts live in host memory, ICM; docs/caches.md):
 
@@ -94,6 +96,7 @@ class NicConfig:
     read_buffers: int = 4
     replay_slots: int = 16
     atomic_inflight: int = 4
+    rq_prefetch: int = 4
     doorbell_fifo_depth: int = 16
     mr_cache_sets: int = 2
     mr_cache_ways: int = 2
@@ -127,6 +130,7 @@ class NicConfig:
         _check_range("bf_entries", self.bf_entries, 1, 16)
         _check_pow2("read_buffers", self.read_buffers, 2, 16)
         _check_range("atomic_inflight", self.atomic_inflight, 1, 16)
+        _check_range("rq_prefetch", self.rq_prefetch, 1, 16)
         if self.replay_slots != 16:
             # the responder's per-QP replay pointer is 4 bits; 16 >= max_rd_atomic (<= 16)
             raise ValueError(f"replay_slots must be 16 (the responder's replay pointer is 4 bits), "

@@ -29,6 +29,7 @@ def test_presets_exist():
     ({"doorbell_fifo_depth": 3}, r"doorbell_fifo_depth must be a power of two in \[2, 256\], not 3"),
     ({"atomic_inflight": 0}, r"atomic_inflight must be an integer in \[1, 16\], not 0"),
     ({"atomic_inflight": 17}, r"atomic_inflight must be an integer in \[1, 16\], not 17"),
+    ({"rq_prefetch": 0}, r"rq_prefetch must be an integer in \[1, 16\], not 0"),
     ({"mr_cache_sets": 32}, r"mr_cache_sets must be a power of two in \[1, 16\], not 32"),
     ({"mr_cache_ways": 17}, r"mr_cache_ways must be an integer in \[1, 16\], not 17"),
     ({"mr_cache_policy": "plru", "mr_cache_ways": 3},
