@@ -201,6 +201,9 @@ class Counter(enum.IntEnum):
     WQE_CACHE_MISSES = 76
     WQE_CACHE_EVICTIONS = 77
     MMIO_UNMAPPED = 78        # register accesses outside every window (ignored, read 0)
+    RQ_WQE_PREFETCHES = 79    # receive WQEs read ahead of use (hw/ctx/rq_prefetch.py) ...
+    RQ_WQE_DEMAND_READS = 80  # ... read when the responder asked for them (not held)
+    RQ_WQE_WAIT_CYCLES = 81   # cycles the responder waited for a receive WQE
 
 
 def register_map(n_doorbells):

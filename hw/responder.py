@@ -17,8 +17,18 @@ The responder takes **one request packet at a time** (a sequential FSM): the pac
 meta is latched, the QP context (``qp`` lookup) and the per-QP responder state (a
 ``lib.memory.Memory`` row: expected PSN, MSN, receive-queue consumer index and the state of
 the message in progress) are read, the packet is checked, then executed (payload streamed
-to ``wr``; the receive WQE read through ``rd_wqe``), then the CQE, the QP-error request and
-the ACK/NAK are issued in that order and the state row is written back.
+to ``wr``; the receive WQE taken from the receive-WQE prefetcher), then the CQE, the
+QP-error request and the ACK/NAK are issued in that order and the state row is written back.
+
+Receive WQEs are read ahead per QP (:class:`~hw.ctx.rq_prefetch.RqPrefetch`, IBA 9.7 leaves
+how a responder obtains its receive WQEs to the implementation): a doorbell on a receive
+queue kicks the prefetcher, which reads that QP's next posted WQE over ``rd_wqe`` into a
+one-row-per-QP memory (one WQE held per QP; up to ``cfg.rq_prefetch`` reads in flight, of
+different QPs), and reads the next one each time the responder consumes one. A
+SEND or WRITE with immediate whose WQE is already there takes it in one cycle; otherwise it
+is a demand read and the FSM waits for it (counted: ``RQ_WQE_PREFETCHES``,
+``RQ_WQE_DEMAND_READS``, ``RQ_WQE_WAIT_CYCLES``). The first WQE of a QP is always a demand
+read: the prefetcher learns the ring's base and size from that first request.
 
 Atomics do not stop the FSM: it hands an atomic to the atomic unit (``at_rd`` / ``at_wr``;
 ``cfg.atomic_inflight`` operations in flight, serialised per 8-byte address, answers in
@@ -86,8 +96,9 @@ our responder). The responder breaks it on its side with three rules:
    one); a header goes to ``tx`` only when its payload is complete, so ``tx`` never waits
    on host memory in the middle of a packet.
 3. **The FSM's own DMA reads (receive WQE, atomic operand) are consumed as soon as they
-   arrive**: the FSM waits for its receive WQE right after issuing the read, and the atomic
-   unit has room for the answer of every read it issues. The atomic unit itself never
+   arrive**: the receive-WQE prefetcher has a row for the answer of every read it issues
+   (one per QP in flight) and never waits for the FSM, and the atomic unit has room for the
+   answer of every read it issues. The atomic unit itself never
    waits for tx: its results FIFO holds ``n_qps * 16`` results, more than a conforming peer
    can have outstanding (16 READ / atomic requests per QP); if it is full anyway the FSM
    waits before handing over the next atomic (as for a full response queue). Payload
@@ -175,6 +186,7 @@ from .arbiter import StreamArbiter
 from .formats import CQE
 from .interfaces import (PacketOut, Lookup, CtxLookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
                          DmaReadPort, DmaWritePort, CqeRequest, beat_layout)
+from .ctx.rq_prefetch import RqPrefetch, RQ_DMA_TAG
 from .lib.write_gate import WriteGate
 from .regmap import mkey_index  # noqa: F401  (the MR slot computed below is the same function)
 
@@ -187,7 +199,7 @@ __all__ = ["Responder", "RSP_STATE", "RESP_ENTRY", "RNR_TIMER", "UDP_SPORT_BASE"
 RNR_TIMER = 0x0E
 #: UDP source port of responses: 0xC000 | (local QPN & 0x3FFF)
 UDP_SPORT_BASE = 0xC000
-WQE_DMA_TAG = 1
+WQE_DMA_TAG = RQ_DMA_TAG
 READ_DMA_TAG = 2
 
 MSG_NONE, MSG_SEND, MSG_WRITE = 0, 1, 2
@@ -278,6 +290,9 @@ class Responder(wiring.Component):
             "stat_replay": Out(1),
             "stat_coalesce": Out(1),
             "stat_dma_err": Out(range(4)),
+            "stat_rq_prefetch": Out(1),
+            "stat_rq_demand": Out(1),
+            "stat_rq_wait": Out(1),
         })
 
     def elaborate(self, platform):
@@ -329,6 +344,17 @@ class Responder(wiring.Component):
         pi_rd = pi_mem.read_port(domain="comb")
         pi_wr = pi_mem.write_port()
 
+        # ---- receive WQEs, read ahead per QP (hw/ctx/rq_prefetch.py) ------------------
+        m.submodules.rq_prefetch = rqpf = RqPrefetch(cfg)
+        wiring.connect(m, rqpf.dma, wiring.flipped(self.rd_wqe))
+        pi_g = pi_mem.read_port(domain="comb")
+        pi_k = pi_mem.read_port(domain="comb")
+        m.d.comb += [pi_g.addr.eq(rqpf.pi_g_addr), rqpf.pi_g.eq(pi_g.data),
+                     pi_k.addr.eq(rqpf.pi_k_addr), rqpf.pi_k.eq(pi_k.data),
+                     self.stat_rq_prefetch.eq(rqpf.stat_prefetch),
+                     self.stat_rq_demand.eq(rqpf.stat_demand),
+                     self.stat_rq_wait.eq(rqpf.stat_wait)]
+
         # ---- registers ----------------------------------------------------------------
         pk = Signal(PKT_META)          # the request packet being processed
         s = Signal(RSP_STATE)          # working copy of its QP's state row
@@ -349,10 +375,8 @@ class Responder(wiring.Component):
         c_len = Signal(32)
         c_flags = Signal(8)
         wr_addr = Signal(64)           # destination of the payload being written
-        wqe_addr = Signal(64)
+        wqe_idx = Signal(16)           # receive index of the WQE this packet consumes
         wqe = Signal(RECV_WQE)
-        wqe_beats = RECV_WQE_BYTES // W if W < RECV_WQE_BYTES else 1
-        wqe_cnt = Signal(range(wqe_beats + 1))
         orig = Signal(64)
 
         qpn = pk.dest_qpn[:qb]
@@ -427,8 +451,6 @@ class Responder(wiring.Component):
         q_prot_bad = (wqe.length != 0) & ~mr_ok(Access.LOCAL_WRITE, wqe.addr, wqe.length, False)
         q_len_bad = pk.paylen > wqe.length
 
-        rq_mask = ((Const(1, 33) << ctx.rq_log_size) - 1)[:16]
-        wqe_slot_addr = ctx.rq_base + ((s.ci & rq_mask) * RECV_WQE_BYTES)
 
         # ---- helpers emitting the decision registers ---------------------------------
         def nak(syn, fatal, psn=None):
@@ -610,7 +632,7 @@ class Responder(wiring.Component):
                         with m.If(is_write_first):
                             m.d.sync += s.count.eq(pk.dma_len)
                         with m.If(is_wimm):
-                            m.d.sync += [s.ci.eq(s.ci + 1), wqe_addr.eq(wqe_slot_addr)]
+                            m.d.sync += [s.ci.eq(s.ci + 1), wqe_idx.eq(s.ci)]
                             completion(WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM,
                                        Mux(is_write_first, pk.dma_len, s.count), 0, 1)
                         with m.If(pk.paylen != 0):
@@ -625,7 +647,7 @@ class Responder(wiring.Component):
                         rnr_nak()
                         m.next = "FIN_DISCARD"
                     with m.Else():
-                        m.d.sync += wqe_addr.eq(wqe_slot_addr)
+                        m.d.sync += wqe_idx.eq(s.ci)
                         m.next = "WQE_REQ"
 
                 with m.Elif(is_send_cont):
@@ -675,36 +697,26 @@ class Responder(wiring.Component):
                         m.next = "AT_IN"
 
             # ---- receive WQE fetch -------------------------------------------------------
+            # the prefetcher answers at once if it holds the WQE, else after reading it
             with m.State("WQE_REQ"):
                 m.d.comb += [
-                    self.rd_wqe.req.valid.eq(1),
-                    self.rd_wqe.req.payload.addr.eq(wqe_addr),
-                    self.rd_wqe.req.payload.len.eq(RECV_WQE_BYTES),
-                    self.rd_wqe.req.payload.tag.eq(WQE_DMA_TAG),
+                    rqpf.get.valid.eq(1),
+                    rqpf.get.payload.qpn.eq(qpn),
+                    rqpf.get.payload.idx.eq(wqe_idx),
+                    rqpf.get.payload.base.eq(ctx.rq_base),
+                    rqpf.get.payload.log.eq(ctx.rq_log_size),
                 ]
-                with m.If(self.rd_wqe.req.ready):
-                    m.d.sync += [wqe_cnt.eq(0), wqe_err.eq(0)]
+                with m.If(rqpf.get.ready):
                     m.next = "WQE_DATA"
 
             with m.State("WQE_DATA"):
-                m.d.comb += self.rd_wqe.rd.ready.eq(1)
-                beat = self.rd_wqe.rd.payload
-                with m.If(self.rd_wqe.rd.valid):
-                    with m.If(beat.err):
-                        m.d.sync += wqe_err.eq(1)
-                    if W >= RECV_WQE_BYTES:
-                        m.d.sync += wqe.as_value().eq(beat.data[:8 * RECV_WQE_BYTES])
-                    else:
-                        with m.Switch(wqe_cnt):
-                            for k in range(wqe_beats):
-                                with m.Case(k):
-                                    m.d.sync += wqe.as_value().word_select(k, 8 * W).eq(beat.data)
-                    m.d.sync += wqe_cnt.eq(wqe_cnt + 1)
-                    with m.If(beat.last):
-                        with m.If(is_wimm):
-                            m.next = "WQE_IMM"
-                        with m.Else():
-                            m.next = "WQE_MR_REQ"
+                m.d.comb += rqpf.wqe.ready.eq(1)
+                with m.If(rqpf.wqe.valid):
+                    m.d.sync += [wqe.eq(rqpf.wqe.payload.wqe), wqe_err.eq(rqpf.wqe.payload.err)]
+                    with m.If(is_wimm):
+                        m.next = "WQE_IMM"
+                    with m.Else():
+                        m.next = "WQE_MR_REQ"
 
             # the receive WQE's lkey (a WQE that could not be read is not looked at)
             mr_lookup("WQE_MR", "WQE_CHECK", key=wqe.lkey, skip=wqe_err)
@@ -1186,5 +1198,9 @@ class Responder(wiring.Component):
                 pi_wr.addr.eq(db.qpn[:qb]),
                 pi_wr.data.eq(db.pi),
                 pi_wr.en.eq(self.rq_db.valid & ((db.qpn >> qb) == 0)),
+                # the prefetcher may read the QP's next receive WQE now
+                rqpf.kick.valid.eq(pi_wr.en),
+                rqpf.kick.payload.qpn.eq(db.qpn[:qb]),
             ]
+        m.d.comb += [rqpf.reset.eq(ev_reset), rqpf.reset_qpn.eq(ev.qpn[:qb])]
         return m

@@ -87,7 +87,7 @@ class Rnic(wiring.Component):
         self.rings = [ring_words_for(W, batch * WQE_BYTES, mrrs, batch * WQE_BYTES * fetch_depth),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
-                      ring_words_for(W, RECV_WQE_BYTES, mrrs),
+                      ring_words_for(W, RECV_WQE_BYTES, mrrs, RECV_WQE_BYTES * cfg.rq_prefetch),
                       ring_words_for(W, 8, mrrs),
                       ring_words_for(W, MR_ICM_ENTRY_BYTES, mrrs),
                       ring_words_for(W, WQE_BYTES, mrrs)]
@@ -261,6 +261,9 @@ class Rnic(wiring.Component):
             Counter.WQE_CACHE_HITS: req.stat_wqe_hit,
             Counter.WQE_CACHE_MISSES: req.stat_wqe_miss,
             Counter.WQE_CACHE_EVICTIONS: req.stat_wqe_evict,
+            Counter.RQ_WQE_PREFETCHES: resp.stat_rq_prefetch,
+            Counter.RQ_WQE_DEMAND_READS: resp.stat_rq_demand,
+            Counter.RQ_WQE_WAIT_CYCLES: resp.stat_rq_wait,
         }
         # per DMA client, and their totals: requests asked for and bytes
         rd_req = [p.req.valid & p.req.ready for p in rd_clients]
