@@ -14,7 +14,7 @@ import cocotb
 from cocotb.triggers import Timer
 
 from hw.config import preset
-from hw.formats import WrOpcode, WcStatus, Access, QpState
+from hw.formats import WrOpcode, WcStatus, Access, QpState, RECV_WQE_BYTES
 from hw.regmap import Cmd, CmdStatus, Counter
 from sim.harness import TwoNodes, ALL_ACCESS
 from sim.scoreboard import Scoreboard
@@ -86,6 +86,12 @@ async def test_each_opcode(dut):
     b_counters = await sysm.b.read_counters()
     assert b_counters["RX_PACKETS"] == counters["TX_PACKETS"]
     assert b_counters["NAKS_SENT"] == 0
+    # three receive WQEs consumed (SEND, SEND_WITH_IMM, WRITE_WITH_IMM): each read whole,
+    # ahead of use or on demand (hw/ctx/rq_prefetch.py); the first one always on demand
+    rq_reads = b_counters["RQ_WQE_PREFETCHES"] + b_counters["RQ_WQE_DEMAND_READS"]
+    assert b_counters["RD_RECV_WQE_REQS"] == rq_reads >= 3, b_counters
+    assert b_counters["RD_RECV_WQE_BYTES"] == RECV_WQE_BYTES * rq_reads, b_counters
+    assert b_counters["RQ_WQE_DEMAND_READS"] >= 1, b_counters
 
 
 async def _error_case(dut, make_wr, want_status, *, want_responder_err=False, post_recv=None,
@@ -375,7 +381,8 @@ async def ring_all(qps):
 
 
 async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeout_ns=20_000_000,
-                     cfg=CFG, backpressure=BP, batch_times=None, deferred=False):
+                     cfg=CFG, backpressure=BP, batch_times=None, deferred=False,
+                     sizes=(4096, 20000)):
     """Random traffic over ``npairs`` QP pairs, checked against the reference after each
     batch (``batch_times``: a list to which the time each batch took is appended).
     ``deferred``: each batch's WQEs are all written before its doorbells are rung, and the
@@ -411,7 +418,7 @@ async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeo
             for _ in range(rng.randrange(1, 9)):
                 op = rng.choices([W, R, S, SI, WI, CAS, FAA], [30, 30, 10, 5, 5, 10, 10])[0]
                 batch.append((src, await random_wr(rng, sb, wr_id, src, dst, op, 1 << 15,
-                                                   (4096, 20000))))
+                                                   sizes)))
                 wr_id += 1
         if deferred:
             qps = await post_batch(sb, batch, deferred=True)
@@ -460,6 +467,28 @@ async def test_random_mixed(dut):
             assert c["MR_CACHE_WRITEBACKS"] >= npairs - CFG.nic.mr_cache_sets * CFG.nic.mr_cache_ways
         else:
             assert c["RD_ICM_REQS"] == 0 and c["MR_CACHE_EVICTIONS"] == 0
+
+
+@cocotb.test()
+async def test_random_within_caches(dut):
+    """The counterpart of test_random_mixed (whose regions and outstanding requests exceed
+    the caches): random traffic whose working set fits, one QP pair (one region per node: the
+    MR cache holds 2) and batches of at most 8 work requests (the WQE cache holds 8 WQEs,
+    consecutive send-queue indices in consecutive sets). Completions and memory against the
+    reference model; no MR is read from ICM or evicted, no WQE is read again."""
+    entries = CFG.nic.wqe_cache_sets * CFG.nic.wqe_cache_ways
+    assert entries >= 8 and CFG.nic.mr_cache_sets * CFG.nic.mr_cache_ways >= 1
+    sysm, sb = await run_random(dut, OPS, 1, sizes=(256, 2048))
+    for h in (sysm.a, sysm.b):
+        c = await h.read_counters()
+        dut._log.info("within the caches: " + ", ".join(f"{k} {c[k]}" for k in (
+            "MR_CACHE_HITS", "MR_CACHE_MISSES", "MR_CACHE_EVICTIONS", "RD_ICM_REQS",
+            "WQE_CACHE_HITS", "WQE_CACHE_MISSES", "WQE_CACHE_EVICTIONS", "RD_WQE_REREAD_REQS")))
+        assert c["MR_CACHE_HITS"] > OPS // 2
+        assert c["RD_ICM_REQS"] == 0 and c["MR_CACHE_EVICTIONS"] == 0, c
+        assert c["WQE_CACHE_MISSES"] == 0 and c["RD_WQE_REREAD_REQS"] == 0, c
+    # node a sends every request: its WQE cache was used
+    assert (await sysm.a.read_counters())["WQE_CACHE_HITS"] > OPS // 2
 
 
 @cocotb.test()
