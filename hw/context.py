@@ -26,7 +26,8 @@ register is written, except ``SET_MR``: ``CMD`` reads ``BUSY`` until the MR cach
 the entry (the driver polls, as for mlx5's command ownership bit). A command written while
 ``CMD`` reads ``BUSY`` is ignored (the driver must wait for the previous one). Accepted
 modify-QP commands, and QPs forced to ERR by the requester or responder, are broadcast on
-``qp_event`` so that both engines reset their per-QP state.
+``qp_event`` so that both engines reset their per-QP state; the event carries the QP's
+receive queue (base, log2 size) from its context, for the responder's receive-WQE prefetch.
 """
 
 from amaranth import *
@@ -112,6 +113,7 @@ class Context(wiring.Component):
                          port.data.state.eq(states[port.index])]
         rp = cq_mem.read_port(domain="comb")
         m.d.comb += [rp.addr.eq(self.cq.index), self.cq.data.eq(rp.data)]
+        ev_ctx = qp_mem.read_port(domain="comb")      # the modified QP's context, for its event
         rp = bind_mem.read_port(domain="comb")
         m.d.comb += [rp.addr.eq(self.bind.index), self.bind.data.eq(rp.data)]
 
@@ -158,6 +160,7 @@ class Context(wiring.Component):
         # Command decode.
         opcode = self.bus.wdata[0:8]
         index = self.bus.wdata[16:32]
+        m.d.comb += ev_ctx.addr.eq(index)
         qp_args = QP_CTX(args[:QP_CTX.size])
         cq_args = CQ_CTX(args[:CQ_CTX.size])
         mr_args = MR_ENTRY(args[:MR_ENTRY.size])
@@ -205,7 +208,9 @@ class Context(wiring.Component):
                         m.d.comb += [qp_wr.en.eq(1), cmd_event.eq(1)]
                         m.d.sync += [ev.valid.eq(1), ev.payload.qpn.eq(index),
                                      ev.payload.state.eq(QpState.RESET),
-                                     ev.payload.sq_psn.eq(0), ev.payload.rq_psn.eq(0)]
+                                     ev.payload.sq_psn.eq(0), ev.payload.rq_psn.eq(0),
+                                     ev.payload.rq_base.eq(qp_args.rq_base),
+                                     ev.payload.rq_log.eq(qp_args.rq_log_size)]
                 with m.Case(Cmd.MODIFY_QP):
                     with m.If(index >= cfg.n_qps):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)
@@ -221,6 +226,8 @@ class Context(wiring.Component):
                             ev.payload.state.eq(new_state),
                             ev.payload.sq_psn.eq(args[64:88]),
                             ev.payload.rq_psn.eq(args[88:112]),
+                            ev.payload.rq_base.eq(ev_ctx.data.rq_base),
+                            ev.payload.rq_log.eq(ev_ctx.data.rq_log_size),
                         ]
                         m.d.comb += cmd_event.eq(1)
                 with m.Case(Cmd.SET_CQ):

@@ -100,11 +100,16 @@ QP_EVENT = data.StructLayout({
     "state": formats.QpState,
     "sq_psn": 24,
     "rq_psn": 24,
+    # the QP's receive queue (from its context), so that the responder's receive-WQE
+    # prefetch can read ahead from the first WQE on (hw/ctx/rq_prefetch.py)
+    "rq_base": 64,
+    "rq_log": 5,
 })
 
 
 def QpEvent():
-    """Broadcast after every accepted modify-QP: the new state and the PSNs to start from."""
+    """Broadcast after every accepted modify-QP: the new state, the PSNs to start from and
+    the QP's receive queue (base address and log2 size)."""
     return stream.Signature(QP_EVENT)
 
 

@@ -27,8 +27,8 @@ one-row-per-QP memory (one WQE held per QP; up to ``cfg.rq_prefetch`` reads in f
 different QPs), and reads the next one each time the responder consumes one. A
 SEND or WRITE with immediate whose WQE is already there takes it in one cycle; otherwise it
 is a demand read and the FSM waits for it (counted: ``RQ_WQE_PREFETCHES``,
-``RQ_WQE_DEMAND_READS``, ``RQ_WQE_WAIT_CYCLES``). The first WQE of a QP is always a demand
-read: the prefetcher learns the ring's base and size from that first request.
+``RQ_WQE_DEMAND_READS``, ``RQ_WQE_WAIT_CYCLES``). The prefetcher learns the queue's base and
+size from the QP event that starts the receive side (RESET, INIT, RTR carry them).
 
 Atomics do not stop the FSM: it hands an atomic to the atomic unit (``at_rd`` / ``at_wr``;
 ``cfg.atomic_inflight`` operations in flight, serialised per 8-byte address, answers in
@@ -148,7 +148,8 @@ length is 0 is not checked against the MR table (like a zero-length RETH).
 A ``qp_event`` for a QP (always accepted) to RESET, INIT or RTR rewrites its state row
 (expected PSN = ``rq_psn``, MSN 0, consumer index 0, no message in progress); one to RTS or
 ERR leaves it as it is, so that what a QP received in RTR stays received after RTR -> RTS
-and an RTS -> RTS modify changes nothing (IBA 10.3.1). The receive-queue producer index
+and an RTS -> RTS modify changes nothing (IBA 10.3.1); the same events reset the QP's row of
+the receive-WQE prefetch, giving it the receive queue the event names. The receive-queue producer index
 written by ``rq_db`` is kept (receives are posted from INIT on) except on an event with state
 RESET (the QP was created or reset), which clears it. If a resetting event hits the QP of the
 packet being processed, that packet's state write-back and its QP-error request are cancelled
@@ -1202,5 +1203,6 @@ class Responder(wiring.Component):
                 rqpf.kick.valid.eq(pi_wr.en),
                 rqpf.kick.payload.qpn.eq(db.qpn[:qb]),
             ]
-        m.d.comb += [rqpf.reset.eq(ev_reset), rqpf.reset_qpn.eq(ev.qpn[:qb])]
+        m.d.comb += [rqpf.reset.eq(ev_reset), rqpf.reset_qpn.eq(ev.qpn[:qb]),
+                     rqpf.reset_base.eq(ev.rq_base), rqpf.reset_log.eq(ev.rq_log)]
         return m

@@ -12,12 +12,13 @@ One memory row per QP (:data:`RQ_ROW`): the WQE held (``valid``, its free-runnin
 index ``idx``, ``err`` if the host failed the read), a read in flight (``pending``; at most
 one per QP, so its data needs no tag), ``drop`` (the QP was reset while a read was in flight:
 its data is discarded when it comes), ``nxt`` (the next index the responder will consume,
-as far as this block knows) and the receive queue's base and size (``ctx_ok``), learnt from
-the responder's first request of the QP (the responder has the QP context; this block has
-no lookup of its own, so the first receive WQE of a QP is always read on demand).
+as far as this block knows) and the receive queue's base and size (``ctx_ok``), given by
+the QP event that resets the row (RESET, INIT, RTR: the context module sends the queue
+with the new state) and by every request of the responder. A reset also kicks the QP, so
+that receive WQEs posted in INIT are read before the first SEND arrives.
 
 Correctness does not depend on the prediction: the responder asks for ``(qpn, idx)`` and
-gets a held WQE only if it is exactly that index, read after it was posted (a WQE is read
+gets a held WQE only if it is exactly that index of that queue, read after it was posted (a WQE is read
 only while ``(pi - idx) mod 2**16`` is in ``[1, 2**log_size]``, ``pi`` the producer index
 now; IBA 10.8: a posted receive WQE belongs to the channel adapter until it completes, so
 the copy stays valid) and not invalidated by a QP reset since. Anything else is a miss: the
@@ -33,8 +34,9 @@ Ports
         a kick that finds the queue full is dropped and counted: it only loses a prefetch).
 ``pi_g_addr``/``pi_g``, ``pi_k_addr``/``pi_k``: ``Out(qpn)`` / ``In(16)``  the responder's
         receive producer index of a QP (combinational reads).
-``reset``: ``In(1)``, ``reset_qpn``: ``In(qpn)``  the QP was reset (RESET, INIT, RTR): its
-        row is cleared in that cycle (always taken).
+``reset``: ``In(1)``, ``reset_qpn``: ``In(qpn)``, ``reset_base``: ``In(64)``, ``reset_log``:
+        ``In(5)``  the QP was reset (RESET, INIT, RTR) with that receive queue: its row is
+        cleared in that cycle (always taken) and the QP kicked.
 ``dma``: ``Out(DmaReadPort(W))``  RECV_WQE_BYTES reads, data in request order.
 ``stat_prefetch`` (a read issued ahead of use), ``stat_demand`` (a read issued by a get that
 missed), ``stat_wait`` (a get waits this cycle), ``stat_kick_lost``: ``Out(1)``.
@@ -81,7 +83,7 @@ class RqPrefetch(wiring.Component):
             "kick": In(stream.Signature(data.StructLayout({"qpn": qb}))),
             "pi_g_addr": Out(qb), "pi_g": In(16),
             "pi_k_addr": Out(qb), "pi_k": In(16),
-            "reset": In(1), "reset_qpn": In(qb),
+            "reset": In(1), "reset_qpn": In(qb), "reset_base": In(64), "reset_log": In(5),
             "dma": Out(DmaReadPort(W)),
             "stat_prefetch": Out(1), "stat_demand": Out(1), "stat_wait": Out(1),
             "stat_kick_lost": Out(1),
@@ -175,7 +177,8 @@ class RqPrefetch(wiring.Component):
         m.d.comb += [gp.addr.eq(g.qpn), self.pi_g_addr.eq(g.qpn), wp.addr.eq(kp.addr),
                      self.pi_k_addr.eq(kick_qpn)]
 
-        hit = row.valid & (row.idx == g.idx)
+        # held, and read from the slot the responder means (the queue of the QP's context)
+        hit = row.valid & (row.idx == g.idx) & (row.base == g.base) & (row.log == g.log)
         g_free = ~row.pending & ~row.drop      # no read of this QP in flight
         nxt_idx = (g.idx + 1)[:16]
         follow = posted(self.pi_g, nxt_idx, g.log)      # the next WQE is posted: read it now
@@ -183,8 +186,15 @@ class RqPrefetch(wiring.Component):
                      & posted(self.pi_k, krow.nxt, krow.log))
 
         with m.If(self.reset):
+            # the QP starts afresh at receive index 0 of the queue its event names; WQEs
+            # posted before (in INIT) are read at once: a self-kick
             m.d.comb += [kp.addr.eq(self.reset_qpn), wp.en.eq(1), wp.data.eq(0),
-                         wp.data.drop.eq(krow.pending | krow.drop)]
+                         wp.data.drop.eq(krow.pending | krow.drop), wp.data.ctx_ok.eq(1),
+                         wp.data.base.eq(self.reset_base), wp.data.log.eq(self.reset_log)]
+            with m.If(~sk_valid):
+                m.d.sync += [sk_valid.eq(1), sk_qpn.eq(self.reset_qpn)]
+            with m.Else():
+                m.d.comb += sk_lost.eq(1)
         with m.Elif(asm_full & info.r_rdy):
             # a read has returned: keep its WQE unless the QP was reset meanwhile
             m.d.comb += [kp.addr.eq(fin.qpn), wp.en.eq(1), wp.data.eq(krow),

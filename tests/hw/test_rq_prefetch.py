@@ -56,7 +56,11 @@ def base(q):
 
 
 def run(*, W=64, n=4, cycles=3000, seed=0, p_post=0.3, p_get=0.5, p_reset=0.0,
-        p_ready=0.7, lat=(4, 30), bad_slot=None, rq_prefetch=4):
+        p_ready=0.7, lat=(4, 30), bad_slot=None, rq_prefetch=4, start_reset=False,
+        reset_base=base):
+    """``start_reset``: every QP gets a reset event (with its queue) in the first cycles, as
+    the context module sends one at RESET / INIT / RTR; ``reset_base(q)``: the queue base a
+    reset event names (a wrong one must never be answered from)."""
     cfg = NicConfig(data_bytes=W, n_qps=n, rq_prefetch=rq_prefetch)
     h = Harness(cfg)
     dut = h.dut
@@ -89,12 +93,19 @@ def run(*, W=64, n=4, cycles=3000, seed=0, p_post=0.3, p_get=0.5, p_reset=0.0,
             ctx.set(h.pi_we, 0)
             ctx.set(dut.kick.valid, 0)
             ctx.set(dut.reset, 0)
+            if start_reset and cycle < n:
+                ctx.set(dut.reset, 1)
+                ctx.set(dut.reset_qpn, cycle)
+                ctx.set(dut.reset_base, reset_base(cycle))
+                ctx.set(dut.reset_log, LOG)
             # a reset (not of the QP with a get in flight); the ring is rewritten at once
             if not draining and rng.random() < p_reset:
                 q = rng.randrange(n)
                 if get is None or get[0] != q:
                     ctx.set(dut.reset, 1)
                     ctx.set(dut.reset_qpn, q)
+                    ctx.set(dut.reset_base, reset_base(q))
+                    ctx.set(dut.reset_log, LOG)
                     ctx.set(h.pi_we, 1)
                     ctx.set(h.pi_wq, q)
                     ctx.set(h.pi_wd, 0)
@@ -200,3 +211,23 @@ def test_one_qp_in_order():
 def test_bad_config():
     with pytest.raises(TypeError, match="cfg must be a NicConfig"):
         RqPrefetch(4)
+
+
+def test_reset_event_names_the_queue():
+    """A reset event carries the receive queue: the first WQE of a QP is read ahead too."""
+    s = run(n=4, seed=8, p_post=0.6, p_get=0.2, cycles=4000, start_reset=True)
+    # demand reads left: a get that follows its WQE's doorbell within a few cycles, before
+    # the kick was served (gets go before kicks)
+    assert s["gets"] > 200 and s["demand"] * 50 < s["gets"], s
+    # without the reset events every QP's first WQE is a demand read
+    base_line = run(n=4, seed=8, p_post=0.6, p_get=0.2, cycles=4000)
+    assert base_line["demand"] >= 4 > s["demand"], (base_line, s)
+
+
+def test_wrong_queue_is_never_answered():
+    """Reset events naming the wrong queue (16 slots off): what the prefetcher reads from
+    there is never given to a get (the model checks every answer); each get of a new
+    queue position is a demand read of the right slot."""
+    s = run(n=4, seed=9, p_post=0.6, p_get=0.2, cycles=3000, start_reset=True,
+            reset_base=lambda q: base(q) + 16 * RECV_WQE_BYTES)
+    assert s["gets"] > 150 and s["demand"] > 0, s
