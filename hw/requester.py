@@ -167,6 +167,7 @@ from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .arbiter import StreamArbiter
 from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent, beat_layout)
+from .lib.reg_array import RegArray
 from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
 from .scheduler import Scheduler
@@ -287,51 +288,60 @@ class Requester(wiring.Component):
         def arr(width, name, init=0):
             return Array(Signal(width, name=f"{name}{i}", init=init) for i in range(nq))
 
-        pi = arr(16, "pi")
-        fi = arr(16, "fi")
-        ci = arr(16, "ci")
-        npsn = arr(24, "npsn")
+        def regs(width, name, ports, init=0):
+            """Per-QP registers written through ports (hw/lib/reg_array.py): "tx" the send
+            FSM, "rx" the response FSM, "gq" the fetch issue, "xq" the timers, "evc" / "evs"
+            / "evr" the QP-event bookkeeping; in this order of priority, as the statements
+            they replace come in this file."""
+            r = RegArray(nq, width, ports, init=init)
+            m.submodules[f"q_{name}"] = r
+            return r
+
+        pi = regs(16, "pi", ("tx",))
+        fi = regs(16, "fi", ("tx",))
+        ci = regs(16, "ci", ("tx", "rx"))
+        npsn = regs(24, "npsn", ("tx",))
         # the highest PSN given to a message since the QP got its send PSN: an ACK or NAK
         # beyond it answers nothing this QP sent (IBA 9.7.5.1) and is dropped
-        hi_psn = arr(24, "hi_psn")
-        head = arr(mo_bits + 1, "head")
-        tail = arr(mo_bits + 1, "tail")
+        hi_psn = regs(24, "hi_psn", ("tx",))
+        head = regs(mo_bits + 1, "head", ("tx", "rx"))
+        tail = regs(mo_bits + 1, "tail", ("tx",))
         rd_out = arr(5, "rd_out")
         rd_ok = arr(1, "rd_ok")
         fence_wait = arr(1, "fence_wait")
         # READ/atomic limit and send CQ of the QP, captured when a message enters the tracker
         # (the response FSM uses these instead of the QP lookup, which the send FSM owns)
-        qlim = arr(5, "qlim", init=16)
-        qcq = arr(regmap.QP_CTX["send_cq"].shape, "qcq")
-        rts = arr(1, "rts")
-        err = arr(1, "err")
+        qlim = regs(5, "qlim", ("tx",), init=16)
+        qcq = regs(regmap.QP_CTX["send_cq"].shape, "qcq", ("tx",))
+        rts = regs(1, "rts", ("tx",))
+        err = regs(1, "err", ("tx", "rx"))
         # a local error waits until the messages sent before the failed WQE have completed
-        lerr = arr(1, "lerr")
-        lerr_idx = arr(16, "lerr_idx")
+        lerr = regs(1, "lerr", ("tx",))
+        lerr_idx = regs(16, "lerr_idx", ("tx",))
         # QP events waiting to be applied while the FSM is idle
-        ev_pend = arr(1, "ev_pend")
-        ev_reset = arr(1, "ev_reset")
-        ev_state = arr(3, "ev_state")
-        ev_psn = arr(24, "ev_psn")
+        ev_pend = regs(1, "ev_pend", ("evc", "evs"))
+        ev_reset = regs(1, "ev_reset", ("evs", "evr"))
+        ev_state = regs(3, "ev_state", ("evs",))
+        ev_psn = regs(24, "ev_psn", ("evs",))
         # ---- retransmission (IBA 9.7.6.1, go-back-N from the oldest outstanding message)
         # rewind requested (by a PSN sequence NAK, an ACK timeout, the end of an RNR wait or
         # an out-of-order READ response); applied by the send FSM
-        rwd_pend = arr(1, "rwd_pend")
-        rwd_cnt = arr(1, "rwd_cnt")         # the rewind counts against retry_cnt
-        rtx_started = arr(1, "rtx_started") # rewound, no progress since: ignore further NAKs
-        rnr_wait = arr(1, "rnr_wait")       # waiting for the RNR timer
-        retry_used = arr(3, "retry_used")
-        rnr_used = arr(3, "rnr_used")
+        rwd_pend = regs(1, "rwd_pend", ("tx", "rx", "xq"))
+        rwd_cnt = regs(1, "rwd_cnt", ("rx", "xq"))         # the rewind counts against retry_cnt
+        rtx_started = regs(1, "rtx_started", ("tx", "rx")) # rewound, no progress since: ignore further NAKs
+        rnr_wait = regs(1, "rnr_wait", ("tx", "rx", "xq"))       # waiting for the RNR timer
+        retry_used = regs(3, "retry_used", ("tx", "rx"))
+        rnr_used = regs(3, "rnr_used", ("tx", "rx"))
         # the QP's timeout / retry_cnt / rnr_retry, captured when a message enters the tracker
-        q_to = arr(5, "q_to")
-        q_retry = arr(3, "q_retry")
-        q_rnr = arr(3, "q_rnr")
+        q_to = regs(5, "q_to", ("tx",))
+        q_retry = regs(3, "q_retry", ("tx",))
+        q_rnr = regs(3, "q_rnr", ("tx",))
         # a rewound READ resumes after the response packets it already has (IBA 9.7.5.1.5)
-        rs_skip = arr(16, "rs_skip")
+        rs_skip = regs(16, "rs_skip", ("tx",))
         # the send queue of the QP (base, log2 size), captured like q_to: where a WQE the
         # WQE cache no longer holds is read again
-        q_sqb = arr(64, "q_sqb")
-        q_sqlog = arr(5, "q_sqlog")
+        q_sqb = regs(64, "q_sqb", ("tx",))
+        q_sqlog = regs(5, "q_sqlog", ("tx",))
 
         # ---------------- the WQE cache: lk[0] the response FSM, lk[1] the flush
         m.submodules.wqec = wqec = WqeCache(cfg, max(1, self.qpn_bits))
@@ -352,7 +362,7 @@ class Requester(wiring.Component):
         rx_busy = Signal()                  # the response FSM is not idle
 
         eligible = Signal(nq)
-        inflight = arr(1, "inflight")      # a fetched batch of this QP is queued or being sent
+        inflight = regs(1, "inflight", ("gq", "tx"))      # a fetched batch of this QP is queued or being sent
         flush_cond = Signal(nq)
         flushable = Signal(nq)
         for i in range(nq):
@@ -366,7 +376,7 @@ class Requester(wiring.Component):
                 # never flush the QP whose response is being handled
                 flushable[i].eq(flush_cond[i] & ~(rx_busy & (rcur == i))),
             ]
-        m.d.comb += sched.req.eq(eligible & ~Cat(*inflight))
+        m.d.comb += sched.req.eq(eligible & ~Cat(*inflight.q))
 
         # ---------------- send FSM registers
         cur = Signal(self.qpn_bits)
@@ -439,9 +449,9 @@ class Requester(wiring.Component):
                 reg.qpn.eq(q),
             ]
 
-        def pop_head(q):
-            """Remove the head message of QP q; it is completed."""
-            return [head[q].eq(head[q] + 1), ci[q].eq(ci[q] + 1)]
+        def pop_head(port, q):
+            """Remove the head message of QP q; it is completed (comb: the write ports)."""
+            return head.write(port, q, head[q] + 1) + ci.write(port, q, ci[q] + 1)
 
         # ---------------- transport timers (local ACK timeout, RNR wait)
         m.submodules.timer = timer = RetryTimer(nq, max(1, cfg.cycles(TICK_NS)))
@@ -462,7 +472,8 @@ class Requester(wiring.Component):
             """The response FSM completed the head message of rcur: forward progress resets
             the retry counters and restarts the ACK timer (IBA 9.7.6.1.3)."""
             m.d.comb += rx_kick.eq(1)
-            m.d.sync += [retry_used[rcur].eq(0), rnr_used[rcur].eq(0), rtx_started[rcur].eq(0)]
+            m.d.comb += (retry_used.write("rx", rcur, 0) + rnr_used.write("rx", rcur, 0)
+                         + rtx_started.write("rx", rcur, 0))
 
         # READ/atomic count and fence flag: one next-state expression per QP, merging the
         # send FSM's commit (+1, fence set), the response FSM's completion (-1) and a reset
@@ -887,7 +898,8 @@ class Requester(wiring.Component):
                   & sched.grant.valid):
             m.d.comb += [self.qp.index.eq(gq), issue.eq(1),
                          sched.grant.ready.eq(1), fq.w_en.eq(1)]
-            m.d.sync += [inflight[gq].eq(1), pend_v.eq(1),
+            m.d.comb += inflight.write("gq", gq, 1)
+            m.d.sync += [pend_v.eq(1),
                          pend_addr.eq(f_addr), pend_cnt.eq(g_cnt), pend_bf.eq(bfb.hit),
                          pend_wqe.eq(bfb.wqe)]
             with m.If(bfb.hit):
@@ -921,7 +933,8 @@ class Requester(wiring.Component):
                 with m.If(act):
                     # the batch of cur is done: its QP may be fetched again
                     m.d.comb += done.eq(1)
-                    m.d.sync += [inflight[cur].eq(0), act.eq(0)]
+                    m.d.comb += inflight.write("tx", cur, 0)
+                    m.d.sync += act.eq(0)
 
                 def take_batch():
                     # the oldest fetched batch: sent if its QP may still issue, else dropped
@@ -946,22 +959,18 @@ class Requester(wiring.Component):
                                          gate.forget_key.eq(ev_sel),
                                          bfb.inval.valid.eq(1), bfb.inval.payload.qpn.eq(ev_sel),
                                          bfb.inval.payload.all.eq(1)]
-                            m.d.sync += [
-                                pi[ev_sel].eq(0), fi[ev_sel].eq(0), ci[ev_sel].eq(0),
-                                head[ev_sel].eq(0), tail[ev_sel].eq(0),
-                                npsn[ev_sel].eq(ev_psn[ev_sel]), lerr[ev_sel].eq(0),
-                                hi_psn[ev_sel].eq(ev_psn[ev_sel] - 1),
-                                rwd_pend[ev_sel].eq(0), rtx_started[ev_sel].eq(0),
-                                rnr_wait[ev_sel].eq(0), retry_used[ev_sel].eq(0),
-                                rnr_used[ev_sel].eq(0), rs_skip[ev_sel].eq(0),
-                            ]
+                            for a in (pi, fi, ci, head, tail, lerr, rwd_pend, rtx_started,
+                                      rnr_wait, retry_used, rnr_used, rs_skip):
+                                m.d.comb += a.write("tx", ev_sel, 0)
+                            m.d.comb += (npsn.write("tx", ev_sel, ev_psn[ev_sel])
+                                         + hi_psn.write("tx", ev_sel, ev_psn[ev_sel] - 1))
                         with m.Elif((ev_state[ev_sel] == formats.QpState.RTS.value) & ~rts[ev_sel]):
                             # RTR -> RTS: the send queue starts at the given PSN
-                            m.d.sync += [npsn[ev_sel].eq(ev_psn[ev_sel]),
-                                         hi_psn[ev_sel].eq(ev_psn[ev_sel] - 1)]
-                        m.d.sync += [
-                            rts[ev_sel].eq(ev_state[ev_sel] == formats.QpState.RTS.value),
-                            err[ev_sel].eq(ev_state[ev_sel] == formats.QpState.ERR.value),
+                            m.d.comb += (npsn.write("tx", ev_sel, ev_psn[ev_sel])
+                                         + hi_psn.write("tx", ev_sel, ev_psn[ev_sel] - 1))
+                        m.d.comb += [
+                            *rts.write("tx", ev_sel, ev_state[ev_sel] == formats.QpState.RTS.value),
+                            *err.write("tx", ev_sel, ev_state[ev_sel] == formats.QpState.ERR.value),
                         ]
                 with m.Elif(rw_any & ~(rx_busy & (rcur == rw_sel)) & ~(self.db.valid & db_early)):
                     m.d.sync += cur.eq(rw_sel)
@@ -975,10 +984,11 @@ class Requester(wiring.Component):
                                  fetched.eq(fi[db_q] - ci[db_q])]
                     with m.If((posted > (Const(1, 33) << ctx.sq_log_size)) | (posted < fetched)):
                         m.d.comb += self.stat_db_reject.eq(1)
-                        m.d.sync += [cur.eq(db_q), err[db_q].eq(1)]
+                        m.d.sync += cur.eq(db_q)
+                        m.d.comb += err.write("tx", db_q, 1)
                         m.next = "SET_ERR"
                     with m.Else():
-                        m.d.sync += pi[db_q].eq(self.db.payload.pi)
+                        m.d.comb += pi.write("tx", db_q, self.db.payload.pi)
                 with m.Elif(fq.r_rdy):
                     take_batch()
                 with m.Elif(fl_any & (n_fl == 0)):
@@ -996,7 +1006,7 @@ class Requester(wiring.Component):
                     pass        # the response FSM works on this QP (bounded): wait
                 with m.Elif(~nonempty):
                     # everything was acknowledged meanwhile
-                    m.d.sync += rwd_pend[cur].eq(0)
+                    m.d.comb += rwd_pend.write("tx", cur, 0)
                     m.next = "IDLE"
                 with m.Elif(rwd_cnt[cur] & (retry_used[cur] == q_retry[cur])):
                     # retry_cnt exhausted: the oldest message fails, the QP goes to ERR
@@ -1008,30 +1018,31 @@ class Requester(wiring.Component):
                             tx_trk_data.status.eq(WcStatus.RETRY_EXC_ERR.value),
                             self.stat_retry_exc.eq(1),
                         ]
-                        m.d.sync += [err[cur].eq(1), rwd_pend[cur].eq(0)]
+                        m.d.comb += err.write("tx", cur, 1) + rwd_pend.write("tx", cur, 0)
                         m.next = "SET_ERR"
                 with m.Else():
                     m.d.comb += [tx_kick.eq(1), rw_rst_rd.eq(1), self.stat_retransmit.eq(1)]
                     # a READ: the response packets received; a WRITE/SEND: the packets a
                     # PSN sequence NAK showed the responder to have (go-back-N resends
                     # from the PSN in the NAK)
-                    m.d.sync += rs_skip[cur].eq(Mux((ent.opcode <= WrOpcode.RDMA_READ.value)
-                                                    & (ent.status == 0), ent.rcv, 0))
-                    m.d.sync += [
-                        fi[cur].eq(ci[cur]), tail[cur].eq(head[cur]), npsn[cur].eq(ent.first_psn),
-                        lerr[cur].eq(0), rtx_started[cur].eq(1), rwd_pend[cur].eq(0),
-                        retry_used[cur].eq(retry_used[cur] + rwd_cnt[cur]),
+                    m.d.comb += rs_skip.write("tx", cur, Mux((ent.opcode <= WrOpcode.RDMA_READ.value)
+                                                             & (ent.status == 0), ent.rcv, 0))
+                    m.d.comb += [
+                        *fi.write("tx", cur, ci[cur]), *tail.write("tx", cur, head[cur]),
+                        *npsn.write("tx", cur, ent.first_psn), *lerr.write("tx", cur, 0),
+                        *rtx_started.write("tx", cur, 1), *rwd_pend.write("tx", cur, 0),
+                        *retry_used.write("tx", cur, retry_used[cur] + rwd_cnt[cur]),
                     ]
                     m.next = "IDLE"
 
             with m.State("FLUSH"):
                 with m.If(~err[cur]):
                     # the failed WQE is now the oldest: the QP goes to ERR, then flushes
-                    m.d.sync += [err[cur].eq(1), lerr[cur].eq(0)]
+                    m.d.comb += err.write("tx", cur, 1) + lerr.write("tx", cur, 0)
                     m.next = "SET_ERR"
                 with m.Elif(nonempty & ent.noinfo):
                     m.d.sync += set_cqe(cqe_reg, cur, 0, ent.status, ent.opcode, 0)
-                    m.d.sync += pop_head(cur)
+                    m.d.comb += pop_head("tx", cur)
                     m.next = "CQE"
                 with m.Elif(nonempty):
                     m.next = "FL_REQ"          # its wr_id: from the WQE cache
@@ -1053,7 +1064,7 @@ class Requester(wiring.Component):
                                         Mux(ent.status != 0, ent.status,
                                             WcStatus.WR_FLUSH_ERR.value),
                                         ent.opcode, 0)
-                    m.d.sync += pop_head(cur)
+                    m.d.comb += pop_head("tx", cur)
                     m.next = "CQE"
 
             with m.State("FETCH"):
@@ -1111,7 +1122,7 @@ class Requester(wiring.Component):
                     op3 = Mux(known & ~wqe_err, op[:3], 7)
                     m.d.sync += set_cqe(cqe_reg, cur, Mux(wqe_err, 0, wqe.wr_id),
                                         WcStatus.WR_FLUSH_ERR.value, op3, 0)
-                    m.d.sync += [fi[cur].eq(fi[cur] + 1), ci[cur].eq(ci[cur] + 1)]
+                    m.d.comb += fi.write("tx", cur, fi[cur] + 1) + ci.write("tx", cur, ci[cur] + 1)
                     m.next = "CQE"
                 with m.Elif(wqe.flags[1] & ~wqe_err & (rd_out[cur] != 0)):
                     # fence: wait for the earlier READ/atomic requests, fetch again later.
@@ -1138,9 +1149,11 @@ class Requester(wiring.Component):
                         tx_trk_data.first_psn.eq(npsn[cur]),
                         tx_trk_data.last_psn.eq(npsn[cur]),
                     ]
-                    m.d.sync += [tail[cur].eq(tail[cur] + 1), fi[cur].eq(fi[cur] + 1),
-                                 lerr[cur].eq(1), lerr_idx[cur].eq(fi[cur]),
-                                 q_sqb[cur].eq(ctx.sq_base), q_sqlog[cur].eq(ctx.sq_log_size)]
+                    m.d.comb += [*tail.write("tx", cur, tail[cur] + 1),
+                                 *fi.write("tx", cur, fi[cur] + 1),
+                                 *lerr.write("tx", cur, 1), *lerr_idx.write("tx", cur, fi[cur]),
+                                 *q_sqb.write("tx", cur, ctx.sq_base),
+                                 *q_sqlog.write("tx", cur, ctx.sq_log_size)]
                     m.d.comb += wqe_err_stat.eq(wqe_err)
                     m.next = "NEXT"
                 with m.Else():
@@ -1165,29 +1178,31 @@ class Requester(wiring.Component):
                     # the first message into an idle QP starts its ACK timer
                     m.d.comb += tx_kick.eq(~nonempty)
                     with m.If(psn_le(hi_psn[cur], last_psn)):
-                        m.d.sync += hi_psn[cur].eq(last_psn)
+                        m.d.comb += hi_psn.write("tx", cur, last_psn)
+                    m.d.comb += [
+                        *tail.write("tx", cur, tail[cur] + 1),
+                        *fi.write("tx", cur, fi[cur] + 1),
+                        *npsn.write("tx", cur, npsn[cur] + npkts),
+                        *qcq.write("tx", cur, ctx.send_cq),
+                        *q_sqb.write("tx", cur, ctx.sq_base),
+                        *q_sqlog.write("tx", cur, ctx.sq_log_size),
+                        *q_to.write("tx", cur, ctx.timeout),
+                        *q_retry.write("tx", cur, ctx.retry_cnt),
+                        *q_rnr.write("tx", cur, ctx.rnr_retry),
+                        *rs_skip.write("tx", cur, 0),
+                    ]
                     m.d.sync += [
                         msg_slot.eq(tail[cur][:mo_bits]),
-                        tail[cur].eq(tail[cur] + 1),
-                        fi[cur].eq(fi[cur] + 1),
-                        npsn[cur].eq(npsn[cur] + npkts),
-                        qcq[cur].eq(ctx.send_cq),
-                        q_sqb[cur].eq(ctx.sq_base),
-                        q_sqlog[cur].eq(ctx.sq_log_size),
-                        q_to[cur].eq(ctx.timeout),
-                        q_retry[cur].eq(ctx.retry_cnt),
-                        q_rnr[cur].eq(ctx.rnr_retry),
                         seg_left.eq(wqe.length - Mux(resume_ws, rs_bytes, 0)),
                         seg_addr.eq(wqe.local_addr + Mux(resume_ws, rs_bytes, 0)),
                         seg_psn.eq(npsn[cur] + Mux(resume, rs_skip[cur], 0)),
                         skip_bytes.eq(Mux(resume & is_read, rs_bytes, 0)),
-                        rs_skip[cur].eq(0),
                         seg_first.eq(~resume_ws),
                         meta_done.eq(0),
                         req_done.eq(0),
                     ]
                     with m.If(single):
-                        m.d.sync += qlim[cur].eq(rd_lim)
+                        m.d.comb += qlim.write("tx", cur, rd_lim)
                     m.next = "SEND_META"
 
             with m.State("SEND_META"):
@@ -1272,7 +1287,7 @@ class Requester(wiring.Component):
                         m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent), reread_err_stat.eq(1),
                                      rx_trk_data.status.eq(WcStatus.LOC_QP_OP_ERR.value),
                                      rx_trk_data.noinfo.eq(1)]
-                        m.d.sync += err[rcur].eq(1)
+                        m.d.comb += err.write("rx", rcur, 1)
                         with m.If(rxm.paylen != 0):
                             m.next = "R_BAD_DROP"
                         with m.Else():
@@ -1292,7 +1307,7 @@ class Requester(wiring.Component):
                     m.next = "R_IDLE"
                 with m.Elif(head_ws & ack_covers):
                     # implicit or explicit acknowledgement of a WRITE/SEND
-                    m.d.sync += pop_head(rcur)
+                    m.d.comb += pop_head("rx", rcur)
                     progress()
                     with m.If(rent.signaled):
                         m.d.sync += set_cqe(rcqe_reg, rcur, rinfo.wr_id, 0, rent.opcode, rinfo.length)
@@ -1311,9 +1326,10 @@ class Requester(wiring.Component):
                         # the responder got part of a WRITE/SEND (it expects a PSN inside
                         # the message): progress, not counted against retry_cnt
                         inside = head_ws & (rxm.psn != rent.first_psn)
-                        m.d.sync += [rwd_pend[rcur].eq(1), rwd_cnt[rcur].eq(~inside)]
+                        m.d.comb += (rwd_pend.write("rx", rcur, 1)
+                                     + rwd_cnt.write("rx", rcur, ~inside))
                         with m.If(inside):
-                            m.d.sync += retry_used[rcur].eq(0)
+                            m.d.comb += retry_used.write("rx", rcur, 0)
                         with m.If(nak_more):
                             # the rewind resends from the NAK's PSN
                             m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
@@ -1330,7 +1346,8 @@ class Requester(wiring.Component):
                         timer.rnr.payload.qpn.eq(rcur),
                         timer.rnr.payload.code.eq(syn[:5]),
                     ]
-                    m.d.sync += [rnr_wait[rcur].eq(1), rnr_used[rcur].eq(rnr_used[rcur] + 1)]
+                    m.d.comb += (rnr_wait.write("rx", rcur, 1)
+                                 + rnr_used.write("rx", rcur, rnr_used[rcur] + 1))
                     m.next = "R_IDLE"
                 with m.Elif(is_nak):
                     # a fatal NAK, or an RNR NAK with rnr_retry exhausted
@@ -1342,13 +1359,13 @@ class Requester(wiring.Component):
                             rx_trk_data.eq(rent),
                             rx_trk_data.status.eq(nak_status),
                         ]
-                        m.d.sync += err[rcur].eq(1)
+                        m.d.comb += err.write("rx", rcur, 1)
                         m.next = "R_ERR"
                     with m.Else():
                         m.next = "R_IDLE"
                 with m.Elif(implied_nak):
                     with m.If(~rtx_started[rcur] & ~rnr_wait[rcur]):
-                        m.d.sync += [rwd_pend[rcur].eq(1), rwd_cnt[rcur].eq(1)]
+                        m.d.comb += rwd_pend.write("rx", rcur, 1) + rwd_cnt.write("rx", rcur, 1)
                     m.next = "R_IDLE"
                 with m.Elif(is_ack):
                     m.next = "R_IDLE"
@@ -1356,7 +1373,7 @@ class Requester(wiring.Component):
                     m.d.comb += [self.stat_resp_drop.eq(1), rx_trk_we.eq(1),
                                  rx_trk_data.eq(rent),
                                  rx_trk_data.status.eq(WcStatus.BAD_RESP_ERR.value)]
-                    m.d.sync += err[rcur].eq(1)
+                    m.d.comb += err.write("rx", rcur, 1)
                     with m.If(rxm.paylen != 0):
                         m.next = "R_BAD_DROP"
                     with m.Else():
@@ -1376,7 +1393,7 @@ class Requester(wiring.Component):
                     # timeout
                     m.d.comb += self.stat_resp_drop.eq(1)
                     with m.If(~rtx_started[rcur] & ~rnr_wait[rcur]):
-                        m.d.sync += [rwd_pend[rcur].eq(1), rwd_cnt[rcur].eq(1)]
+                        m.d.comb += rwd_pend.write("rx", rcur, 1) + rwd_cnt.write("rx", rcur, 1)
                     with m.If(rxm.paylen != 0):
                         m.next = "R_DROP"
                     with m.Else():
@@ -1424,7 +1441,7 @@ class Requester(wiring.Component):
                 m.d.comb += rx_busy.eq(1)
                 with m.If(rx_complete):
                     # a READ/atomic completed: pop it and give back its credit
-                    m.d.sync += pop_head(rcur)
+                    m.d.comb += pop_head("rx", rcur)
                     progress()
                     m.d.comb += rx_rd_dec.eq(1)
                     # an unsignaled READ/atomic still passes a (silent) completion through
@@ -1450,7 +1467,7 @@ class Requester(wiring.Component):
                     # the WR ends here (counted once, whatever packets of it failed)
                     m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent), pay_err_stat.eq(1),
                                  rx_trk_data.status.eq(WcStatus.LOC_PROT_ERR.value)]
-                    m.d.sync += err[rcur].eq(1)
+                    m.d.comb += err.write("rx", rcur, 1)
                     m.next = "R_ERR"
                 with m.Else():
                     m.next = "R_IDLE"
@@ -1546,32 +1563,33 @@ class Requester(wiring.Component):
             xq = timer.expire_qpn
             with m.If(timer.expire_rnr):
                 # the RNR wait is over: send again from the RNR NAKed message
-                m.d.sync += [rnr_wait[xq].eq(0), rwd_pend[xq].eq(1), rwd_cnt[xq].eq(0)]
+                m.d.comb += (rnr_wait.write("xq", xq, 0) + rwd_pend.write("xq", xq, 1)
+                             + rwd_cnt.write("xq", xq, 0))
             with m.Elif(armed.bit_select(xq, 1)):
                 # local ACK timeout: counts against retry_cnt
                 m.d.comb += self.stat_timeout.eq(1)
-                m.d.sync += [rwd_pend[xq].eq(1), rwd_cnt[xq].eq(1)]
+                m.d.comb += rwd_pend.write("xq", xq, 1) + rwd_cnt.write("xq", xq, 1)
 
         # ---------------- QP events: always accepted, applied from IDLE
         m.d.comb += self.qp_event.ready.eq(1)
         with m.If(ev_clear):
-            m.d.sync += ev_pend[ev_sel].eq(0)
+            m.d.comb += ev_pend.write("evc", ev_sel, 0)
         with m.If(self.qp_event.valid):
             e = self.qp_event.payload
             eq = e.qpn[:self.qpn_bits]
             with m.If(e.qpn < nq):
-                m.d.sync += [
-                    ev_pend[eq].eq(1),
-                    ev_state[eq].eq(e.state),
-                    ev_psn[eq].eq(e.sq_psn),
+                m.d.comb += [
+                    *ev_pend.write("evs", eq, 1),
+                    *ev_state.write("evs", eq, e.state),
+                    *ev_psn.write("evs", eq, e.sq_psn),
                     # RESET, INIT and RTR start the send queue afresh; RTS (from RTR: the
                     # send PSN is loaded; RTS -> RTS: an attribute change) and ERR keep it
                     # (IBA 10.3.1). A reset requested by any event since the last
                     # application sticks.
-                    ev_reset[eq].eq(((e.state != formats.QpState.ERR)
-                                     & (e.state != formats.QpState.RTS))
+                    *ev_reset.write("evs", eq, ((e.state != formats.QpState.ERR)
+                                                & (e.state != formats.QpState.RTS))
                                     | (ev_reset[eq] & ~(ev_clear & (ev_sel == eq)))),
                 ]
         with m.If(ev_clear & ~(self.qp_event.valid & (self.qp_event.payload.qpn == ev_sel))):
-            m.d.sync += ev_reset[ev_sel].eq(0)
+            m.d.comb += ev_reset.write("evr", ev_sel, 0)
         return m
