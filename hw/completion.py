@@ -39,6 +39,7 @@ from amaranth.utils import ceil_log2
 
 from . import formats, regmap
 from .config import NicConfig
+from .lib.reg_array import RegArray
 from .interfaces import (AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, DmaWritePort,
                          Lookup, QpErrRequest)
 
@@ -77,8 +78,10 @@ class Completion(wiring.Component):
         beat_bytes = min(W, formats.CQE_BYTES)
         wr, done = self.dma_wr.wr, self.dma_wr.done
 
-        pi = Array(Signal(16, name=f"pi{i}") for i in range(n))
-        ci = Array(Signal(16, name=f"ci{i}") for i in range(n))
+        # Producer / consumer indices per CQ, written through ports (hw/lib/reg_array.py):
+        # "fsm" the CQE writer, "db" the CQ doorbell, "ev" a (re)created CQ, which wins.
+        m.submodules.q_pi = pi = RegArray(n, 16, ("fsm", "ev"))
+        m.submodules.q_ci = ci = RegArray(n, 16, ("db", "ev"))
         bad = Signal(n)            # CQ in error
         told = Signal(n)           # its CQ_ERR event has been raised
         m.d.comb += self.cq_err.eq(bad)
@@ -150,9 +153,9 @@ class Completion(wiring.Component):
                     m.d.sync += [
                         addr.eq(ctx.base + ((pi[cur] & mask) * formats.CQE_BYTES)),
                         wdata.eq(entry.as_value()),
-                        pi[cur].eq(pi[cur] + 1),
                         beat.eq(0),
                     ]
+                    m.d.comb += pi.write("fsm", cur, pi[cur] + 1)
                     m.d.comb += self.stat_cqe.eq(1)
                     m.next = "WRITE"
             with m.State("KILL_QP"):
@@ -183,10 +186,11 @@ class Completion(wiring.Component):
         m.d.comb += [self.cq_db.ready.eq(1), self.cq_event.ready.eq(1)]
         clear = Signal(n)
         with m.If(self.cq_db.valid):
-            m.d.sync += ci[self.cq_db.payload.cqn[:self.cqn_bits]].eq(self.cq_db.payload.ci)
+            m.d.comb += ci.write("db", self.cq_db.payload.cqn[:self.cqn_bits],
+                                 self.cq_db.payload.ci)
         with m.If(self.cq_event.valid):
             q = self.cq_event.payload.cqn[:self.cqn_bits]
-            m.d.sync += [pi[q].eq(0), ci[q].eq(0)]
+            m.d.comb += pi.write("ev", q, 0) + ci.write("ev", q, 0)
             m.d.comb += clear.eq(1 << q)
         m.d.sync += [bad.eq((bad | set_bad | set_bad_wr) & ~clear),
                      told.eq((told | set_told) & ~clear)]

@@ -37,6 +37,7 @@ from amaranth.utils import ceil_log2
 
 from .config import NicConfig
 from .formats import MR_ENTRY, QpState
+from .lib.reg_array import RegArray
 from .interfaces import (MmioSignature, Lookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
 from .lib.csr import window_addr_width
 from .regmap import (CONTROL_BYTES, Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE,
@@ -104,7 +105,10 @@ class Context(wiring.Component):
             shape=DB_INDEX_BITS, depth=cfg.n_qps, init=[])
         qp_wr, cq_wr, bind_wr = (mem.write_port() for mem in (qp_mem, cq_mem, bind_mem))
 
-        states = Array(Signal(QpState, name=f"qp{i}_state") for i in range(cfg.n_qps))
+        # QP states: registers (a reset returns every QP to RESET) with one write port (a
+        # command or an error request, never both in one cycle; hw/lib/reg_array.py)
+        m.submodules.states = states = RegArray(cfg.n_qps, QpState, ("w",))
+        st_wr = states.w
 
         # Combinational lookups.
         for port in (self.qp_req, self.qp_resp):
@@ -219,8 +223,9 @@ class Context(wiring.Component):
                     with m.Elif(~legal):
                         m.d.sync += status.eq(CmdStatus.BAD_TRANSITION)
                     with m.Else():
+                        m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(index[:self.qpn_bits]),
+                                     st_wr.data.eq(new_state)]
                         m.d.sync += [
-                            states[index[:self.qpn_bits]].eq(new_state),
                             ev.valid.eq(1),
                             ev.payload.qpn.eq(index),
                             ev.payload.state.eq(new_state),
@@ -269,21 +274,23 @@ class Context(wiring.Component):
 
         # Error requests from the engines: QP to ERR, broadcast the event.
         # A QP already in ERR (or RESET) takes no event: its engines have been told.
+        err_qpn = Signal(24)
+        m.d.comb += err_qpn.eq(Mux(self.err_req.valid, self.err_req.payload.qpn,
+                                   Mux(self.err_resp.valid, self.err_resp.payload.qpn,
+                                       self.err_cq.payload.qpn)))
         with m.If(~cmd_event):
             with m.If(self.err_req.valid):
                 m.d.comb += self.err_req.ready.eq(1)
-                self._to_err(m, states, self.err_req.payload.qpn)
             with m.Elif(self.err_resp.valid):
                 m.d.comb += self.err_resp.ready.eq(1)
-                self._to_err(m, states, self.err_resp.payload.qpn)
             with m.Elif(self.err_cq.valid):
                 m.d.comb += self.err_cq.ready.eq(1)
-                self._to_err(m, states, self.err_cq.payload.qpn)
+            any_err = self.err_req.valid | self.err_resp.valid | self.err_cq.valid
+            state = states[err_qpn[:self.qpn_bits]]
+            with m.If(any_err & (err_qpn < cfg.n_qps) & (state != QpState.ERR)
+                      & (state != QpState.RESET)):
+                m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(err_qpn[:self.qpn_bits]),
+                             st_wr.data.eq(QpState.ERR)]
+                m.d.sync += [ev.valid.eq(1), ev.payload.qpn.eq(err_qpn),
+                             ev.payload.state.eq(QpState.ERR)]
         return m
-
-    def _to_err(self, m, states, qpn):
-        state = states[qpn[:self.qpn_bits]]
-        ev = self.qp_event
-        with m.If((qpn < self.cfg.n_qps) & (state != QpState.ERR) & (state != QpState.RESET)):
-            m.d.sync += [state.eq(QpState.ERR), ev.valid.eq(1), ev.payload.qpn.eq(qpn),
-                         ev.payload.state.eq(QpState.ERR)]

@@ -20,6 +20,13 @@ raw, with the Python host >= 25 % of raw, at both sizes. The figures go to
 per size ``loaded_<host>_<size>_cycles_per_s``, the ratios, the commit, the preset and the
 build options) and a row per run to docs/performance.md. ``CYCLES=n`` sets the measurement
 window (default 200,000 cycles; raw runs 5x as long).
+
+Issue 8 adds, with the RTL host: ``peak_read_mops`` / ``peak_write_mops``, the 8-byte
+READ / WRITE rate with every QP pair the preset holds (at most 64, all QPs of a node sharing
+one MR) keeping 16 requests in flight; and ``qps_<n>_cycles_per_s`` for n = 64, 1,024 and
+4,096: the standard 8-byte load on the system built with ``n_qps = n`` (``QPS=64,1024``
+chooses the sizes; 64 by default, as a 1,024-QP build takes long; a size not measured is
+None in the summary, with the reason in ``qps_not_measured``).
 """
 
 import datetime
@@ -51,7 +58,7 @@ def _tb(info, cfg, test, cycles, tmp, **env):
     return json.loads(pathlib.Path(f"{base}.{test}.json").read_text())
 
 
-def measure(name, cycles):
+def measure(name, cycles, qps=(64,)):
     base = preset(name)
     cfgs = {k: base.replace(host__kind=k) for k in ("python", "rtl")}
     exe = build_raw(TwoNodeSystem(cfgs["rtl"]), f"system_{name}_rtl")
@@ -64,8 +71,9 @@ def measure(name, cycles):
                    "clock": "in-simulation, plain, toggled by the C++ main loop (engine cxx)"},
          "cycles": cycles}
     with tempfile.TemporaryDirectory() as tmp:
+        infos = {}
         for kind, cfg in cfgs.items():
-            info = build_system(cfg, fast=True)
+            info = infos[kind] = build_system(cfg, fast=True)
             if kind == "rtl":
                 idle = _tb(info, cfg, "idle", cycles, tmp)
                 s["idle_cycles_per_s"] = idle["cycles_per_s"]
@@ -80,6 +88,8 @@ def measure(name, cycles):
                 print(f"loaded, {kind} host, {size}-byte ops: {r['cycles_per_s']:,.0f} cycles/s "
                       f"({r['mops']:.2f} Mops, {r['gbps']:.1f} Gb/s simulated)")
             s[f"loaded_{kind}_cycles_per_s"] = min(rates)
+        _peaks(s, infos["rtl"], cfgs["rtl"], cycles, tmp)
+    _qps(s, base, qps, cycles)
     # raw again at the end: the ceiling is the faster of the two runs, so that a burst of
     # load from elsewhere during one of them does not inflate the ratios
     raws.append(run_raw(exe, 5 * cycles).cycles_per_s)
@@ -96,6 +106,50 @@ def measure(name, cycles):
         s[f"loaded_{kind}_goal"] = goal
         s[f"loaded_{kind}_goal_met"] = s[f"loaded_{kind}_to_raw"] >= goal
     return s
+
+
+def _peaks(s, info, cfg, cycles, tmp):
+    """The 8-byte READ and WRITE peaks: every QP pair the node can hold (at most 64) keeps
+    ``max_rd_atomic`` (16) requests in flight, all QPs of a node sharing one MR."""
+    pairs = min(64, cfg.nic.n_qps, cfg.nic.n_cqs)
+    window = 16
+    s["peak_pairs"], s["peak_window"] = pairs, window
+    for op in ("read", "write"):
+        r = _tb(info, cfg, "loaded", cycles, tmp, BENCH_SIZE=8, BENCH_OP=op, BENCH_SHARED=1,
+                BENCH_PAIRS=pairs, BENCH_WINDOW=window)
+        s[f"peak_{op}_mops"] = r["mops"]
+        s[f"peak_{op}_cycles_per_s"] = r["cycles_per_s"]
+        print(f"peak, 8-byte {op.upper()}s, {pairs} QP pairs x {window} outstanding: "
+              f"{r['mops']:.2f} Mops ({r['cycles_per_s']:,.0f} cycles/s)")
+
+
+# the largest n_qps hw/config.py accepts today (issue 8 lifts it)
+MAX_QPS = 1024
+
+
+def _qps(s, base, qps, cycles):
+    """``qps_<n>_cycles_per_s``: the loaded two-node system (RTL host, the standard 8-byte
+    load) built with ``n_qps = n``; sizes not measured are None, with the reason."""
+    s["qps_not_measured"] = {}
+    for n in (64, 1024, 4096):
+        key = f"qps_{n}_cycles_per_s"
+        if n > MAX_QPS:
+            s[key] = None
+            s["qps_not_measured"][n] = f"n_qps is limited to {MAX_QPS} (hw/config.py)"
+        elif n not in qps:
+            s[key] = None
+            s["qps_not_measured"][n] = "not asked for (QPS=64,1024 measures it)"
+        elif n == base.nic.n_qps:
+            s[key] = s["loaded_rtl_8_cycles_per_s"]
+        else:
+            cfg = base.replace(host__kind="rtl", nic__n_qps=n)
+            with tempfile.TemporaryDirectory() as tmp:
+                r = _tb(build_system(cfg, fast=True), cfg, "loaded", cycles, tmp, BENCH_SIZE=8)
+            s[key] = r["cycles_per_s"]
+        if s[key] is not None:
+            print(f"loaded, RTL host, 8-byte ops, n_qps = {n}: {s[key]:,.0f} cycles/s")
+    a, b = s["qps_64_cycles_per_s"], s["qps_4096_cycles_per_s"]
+    s["qps_4096_to_64"] = b / a if a and b else None
 
 
 def _row(s):
@@ -116,7 +170,11 @@ def main(argv):
     kv = dict(a.split("=", 1) for a in argv if "=" in a)
     name = kv.get("PRESET", os.environ.get("PRESET", "connectx6"))
     cycles = int(kv.get("CYCLES", "200000"))
-    s = measure(name, cycles)
+    qps = tuple(int(q) for q in kv.get("QPS", "64").split(","))
+    for q in qps:
+        if q not in (64, 1024, 4096):
+            raise ValueError(f"QPS must list values of 64, 1024, 4096, not {q}")
+    s = measure(name, cycles, qps)
     out = results_dir("bench")
     (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
     print(f"written {out / 'summary.json'}")

@@ -9,7 +9,8 @@ BENCH_CYCLES cycles: the simulator alone, as cocotb drives it.
 BENCH_WINDOW READs/WRITEs of BENCH_SIZE bytes in flight (a new one is posted as soon as one
 completes), Python acting once per work request and once per completion (with the RTL host:
 completions awaited on the CQE event line, host memory not mirrored). Each test writes
-``$RESULTS_FILE.<test>.json``.
+``$RESULTS_FILE.<test>.json``. BENCH_OP: ``mix`` (half READs, half WRITEs, the default),
+``read`` or ``write`` (one kind only: the peak runs).
 """
 
 import json
@@ -22,8 +23,8 @@ from cocotb.triggers import Timer
 
 from hw.config import preset
 from hw.formats import WrOpcode, WcStatus
-from sim.harness import TwoNodes, now_ns
-from sim.verbs import SendWR
+from sim.harness import ALL_ACCESS, TwoNodes, now_ns
+from sim.verbs import SendWR, connect
 
 CFG = preset(os.environ.get("RNIC_PRESET", "connectx6")).replace(
     host__kind=os.environ.get("RNIC_HOST", "python"))
@@ -31,7 +32,35 @@ CYCLES = int(os.environ.get("BENCH_CYCLES", "200000"))
 PAIRS = int(os.environ.get("BENCH_PAIRS", "4"))
 WINDOW = int(os.environ.get("BENCH_WINDOW", "8"))
 SIZE = int(os.environ.get("BENCH_SIZE", "8"))
+# "mix": half READs, half WRITEs (random); "read" / "write": one kind only (the peak runs)
+OP = os.environ.get("BENCH_OP", "mix")
+if OP not in ("mix", "read", "write"):
+    raise ValueError(f"BENCH_OP must be 'mix', 'read' or 'write', not {OP!r}")
 BUF = 1 << 16
+
+# BENCH_SHARED=1: the QPs of a node share one protection domain and one memory region (as
+# the threads of a SMART client do), so that more pairs than MR-table entries can run
+SHARED = os.environ.get("BENCH_SHARED", "0") == "1"
+
+
+async def _shared_pairs(sysm, n):
+    """``n`` connected QP pairs, each with a CQ per side; one PD, buffer and MR per node."""
+    sides = []
+    for h in (sysm.a, sysm.b):
+        pd = h.ctx.alloc_pd()
+        buf = h.ctx.alloc(BUF, 4096)
+        mr = await h.ctx.reg_mr(pd, buf, BUF, ALL_ACCESS)
+        sides.append((h, pd, buf, mr))
+    pairs = []
+    for _ in range(n):
+        ends = []
+        for h, pd, buf, mr in sides:
+            cq = await h.ctx.create_cq(256)
+            qp = await h.ctx.create_qp(pd, cq, cq, sq_depth=64, rq_depth=64, access=ALL_ACCESS)
+            ends.append({"host": h, "qp": qp, "cq": cq, "pd": pd, "mr": mr, "buf": buf})
+        await connect(ends[0]["qp"], ends[1]["qp"])
+        pairs.append(ends)
+    return pairs
 
 
 def _save(name, cycles, wall, extra=None):
@@ -54,7 +83,11 @@ async def idle(dut):
              timeout_unit="ns")
 async def loaded(dut):
     sysm = await TwoNodes.start(dut, CFG, mirror=False)
-    pairs = [await sysm.pair(buf_bytes=BUF, sq_depth=64, cq_depth=256) for _ in range(PAIRS)]
+    if SHARED:
+        pairs = await _shared_pairs(sysm, PAIRS)
+    else:
+        pairs = [await sysm.pair(buf_bytes=BUF, sq_depth=64, cq_depth=256)
+                 for _ in range(PAIRS)]
     rng = random.Random(1)
     period_ns = 1000.0 / CFG.nic.clock_mhz
     stop_ns = now_ns() + CYCLES * period_ns
@@ -63,7 +96,8 @@ async def loaded(dut):
 
     def wr(i, a, b):
         off = rng.randrange(0, BUF - SIZE + 1) & ~7
-        op = WrOpcode.RDMA_READ if rng.random() < 0.5 else WrOpcode.RDMA_WRITE
+        read = rng.random() < 0.5 if OP == "mix" else OP == "read"
+        op = WrOpcode.RDMA_READ if read else WrOpcode.RDMA_WRITE
         return SendWR(i, op, (a["buf"] + off, SIZE, a["mr"].lkey), b["buf"] + off, b["mr"].rkey)
 
     async def worker(a, b):
