@@ -22,7 +22,7 @@ build options) and a row per run to docs/performance.md. ``CYCLES=n`` sets the m
 window (default 200,000 cycles; raw runs 5x as long).
 
 Issue 8 adds, with the RTL host: ``peak_read_mops`` / ``peak_write_mops``, the 8-byte
-READ / WRITE rate with every QP pair the preset holds (at most 64, all QPs of a node sharing
+READ / WRITE rate with every QP pair the preset holds (at most 64, QPNs 0 and 1 reserved, all QPs of a node sharing
 one MR) keeping 16 requests in flight; and ``qps_<n>_cycles_per_s`` for n = 64, 1,024 and
 4,096: the standard 8-byte load on the system built with ``n_qps = n`` (``QPS=64,1024``
 chooses the sizes; 64 by default, as a 1,024-QP build takes long; a size not measured is
@@ -41,6 +41,7 @@ from hw.config import preset
 from hw.system import TwoNodeSystem
 from sim.experiment import build_system, git_commit, results_dir
 from sim.rawsim import build_raw, run_raw
+from sim.verbs import FIRST_QPN
 from sim.verilator import DEFAULT_ARGS, run
 
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "performance.md"
@@ -109,9 +110,11 @@ def measure(name, cycles, qps=(64,)):
 
 
 def _peaks(s, info, cfg, cycles, tmp):
-    """The 8-byte READ and WRITE peaks: every QP pair the node can hold (at most 64) keeps
+    """The 8-byte READ and WRITE peaks: every QP pair the node can hold (at most 64; QPNs
+    0 and 1 are reserved) keeps
     ``max_rd_atomic`` (16) requests in flight, all QPs of a node sharing one MR."""
-    pairs = min(64, cfg.nic.n_qps, cfg.nic.n_cqs)
+    # QPNs 0 and 1 are reserved (the special QP0 and QP1 of InfiniBand; sim/verbs.py)
+    pairs = min(64, cfg.nic.n_qps - FIRST_QPN, cfg.nic.n_cqs)
     window = 16
     s["peak_pairs"], s["peak_window"] = pairs, window
     for op in ("read", "write"):
