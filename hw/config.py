@@ -13,10 +13,14 @@ any Verilog is generated.
 from dataclasses import dataclass, field, replace
 import math
 
-__all__ = ["NicConfig", "LinkConfig", "HostConfig", "SystemConfig", "PRESETS", "preset", "HOST_KINDS"]
+__all__ = ["NicConfig", "LinkConfig", "HostConfig", "SystemConfig", "PRESETS", "preset", "HOST_KINDS", "MAX_QPS"]
 
 
 from .lib.checks import check_int as _check_range, check_number as _check_float, check_pow2 as _check_pow2  # noqa: E402
+
+
+# the largest n_qps (a power of two) the NIC accepts
+MAX_QPS = 1024
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ class NicConfig:
     def __post_init__(self):
         _check_pow2("data_bytes", self.data_bytes, 8, 64)
         _check_float("clock_mhz", self.clock_mhz, 1.0, 1000.0)
-        _check_pow2("n_qps", self.n_qps, 2, 1024)
+        _check_pow2("n_qps", self.n_qps, 2, MAX_QPS)
         _check_pow2("n_cqs", self.n_cqs, 2, 1024)
         _check_pow2("n_mrs", self.n_mrs, 2, 256)
         _check_range("n_doorbells", self.n_doorbells, 1, 512)

@@ -37,7 +37,7 @@ import platform
 import sys
 import tempfile
 
-from hw.config import preset
+from hw.config import MAX_QPS, preset
 from hw.system import TwoNodeSystem
 from sim.experiment import build_system, git_commit, results_dir
 from sim.rawsim import build_raw, run_raw
@@ -124,10 +124,6 @@ def _peaks(s, info, cfg, cycles, tmp):
         s[f"peak_{op}_cycles_per_s"] = r["cycles_per_s"]
         print(f"peak, 8-byte {op.upper()}s, {pairs} QP pairs x {window} outstanding: "
               f"{r['mops']:.2f} Mops ({r['cycles_per_s']:,.0f} cycles/s)")
-
-
-# the largest n_qps hw/config.py accepts today (issue 8 lifts it)
-MAX_QPS = 1024
 
 
 def _qps(s, base, qps, cycles):

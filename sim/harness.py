@@ -17,6 +17,7 @@ from cocotb.triggers import Event, FallingEdge, First, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 from hw.formats import CQE_BYTES, Access
+from hw.system import TwoNodeSystem
 from .host import HostMemory, MmioDriver, PyHostDriver, RtlHostMemory
 from .pcap import PcapWriter
 from .simclock import start_clock_and_reset
@@ -185,7 +186,7 @@ class TwoNodes:
                       doorbell_policy=doorbell_policy, mirror=mirror,
                       fail=None if fail is None else (lambda a, n, w, i=i: fail(i, a, n, w)))
                  for i, p in enumerate(("a", "b"))]
-        await start_clock_and_reset(dut, cfg.nic.clock_mhz)
+        await start_clock_and_reset(dut, cfg.nic.clock_mhz, settle=TwoNodeSystem.RESET_LATENCY)
         self = cls(dut, cfg, hosts)
         for h in hosts:
             h.dma.start()
@@ -206,18 +207,24 @@ class TwoNodes:
         return int(now_ns() * self.cfg.nic.clock_mhz / 1000)
 
     async def pair(self, *, buf_bytes=1 << 16, sq_depth=64, rq_depth=64, cq_depth=256,
-                   access=ALL_ACCESS, same_pd=True, **qp_attrs):
+                   access=ALL_ACCESS, same_pd=True, share=None, **qp_attrs):
         """A connected QP pair with one CQ per side and one registered buffer per side.
 
         Returns ``(ends_a, ends_b)``, each a dict with ``qp``, ``cq``, ``pd``, ``mr``, ``buf``.
         ``qp_attrs`` (timeout, retry_cnt, rnr_retry, min_rnr_timer) go to both ``create_qp``.
+        ``share``: the ends of an earlier pair whose PD, buffer and MR this pair uses too
+        (many QPs behind one MR, as SMART's threads share one; ``buf_bytes`` and ``access``
+        are then those of the earlier pair).
         """
         ends = []
-        for h in (self.a, self.b):
-            pd = h.ctx.alloc_pd()
+        for i, h in enumerate((self.a, self.b)):
             cq = await h.ctx.create_cq(cq_depth)
-            buf = h.ctx.alloc(buf_bytes, 4096)
-            mr = await h.ctx.reg_mr(pd, buf, buf_bytes, access)
+            if share is None:
+                pd = h.ctx.alloc_pd()
+                buf = h.ctx.alloc(buf_bytes, 4096)
+                mr = await h.ctx.reg_mr(pd, buf, buf_bytes, access)
+            else:
+                pd, buf, mr = (share[i][k] for k in ("pd", "buf", "mr"))
             qp = await h.ctx.create_qp(pd, cq, cq, sq_depth=sq_depth, rq_depth=rq_depth, access=access,
                                        **qp_attrs)
             ends.append({"host": h, "qp": qp, "cq": cq, "pd": pd, "mr": mr, "buf": buf})

@@ -160,8 +160,11 @@ def clock_period_ps(dut):
     return internal[0]
 
 
-async def start_clock_and_reset(dut, clock_mhz, *, clk="clk", rst="rst", cycles=4):
+async def start_clock_and_reset(dut, clock_mhz, *, clk="clk", rst="rst", cycles=4, settle=0):
     """Get ``dut.<clk>`` running and pulse ``dut.<rst>`` for ``cycles`` rising edges.
+
+    ``settle``: rising edges more to wait after the release, for a design that registers its
+    reset (``hw.system.TwoNodeSystem.RESET_LATENCY``).
 
     In-simulation clock (see the module docstring): nothing is started, the reset is pulsed
     by counting ``RisingEdge(dut.<clk>)``. Otherwise a cocotb ``Clock`` of ``clock_mhz`` is
@@ -194,7 +197,8 @@ async def start_clock_and_reset(dut, clock_mhz, *, clk="clk", rst="rst", cycles=
         for _ in range(cycles):
             await RisingEdge(clk_handle)
         reset.value = 0
-    await RisingEdge(clk_handle)
+    for _ in range(1 + settle):
+        await RisingEdge(clk_handle)
     return info
 
 

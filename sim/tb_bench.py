@@ -23,8 +23,8 @@ from cocotb.triggers import Timer
 
 from hw.config import preset
 from hw.formats import WrOpcode, WcStatus
-from sim.harness import ALL_ACCESS, TwoNodes, now_ns
-from sim.verbs import SendWR, connect
+from sim.harness import TwoNodes, now_ns
+from sim.verbs import SendWR
 
 CFG = preset(os.environ.get("RNIC_PRESET", "connectx6")).replace(
     host__kind=os.environ.get("RNIC_HOST", "python"))
@@ -41,26 +41,6 @@ BUF = 1 << 16
 # BENCH_SHARED=1: the QPs of a node share one protection domain and one memory region (as
 # the threads of a SMART client do), so that more pairs than MR-table entries can run
 SHARED = os.environ.get("BENCH_SHARED", "0") == "1"
-
-
-async def _shared_pairs(sysm, n):
-    """``n`` connected QP pairs, each with a CQ per side; one PD, buffer and MR per node."""
-    sides = []
-    for h in (sysm.a, sysm.b):
-        pd = h.ctx.alloc_pd()
-        buf = h.ctx.alloc(BUF, 4096)
-        mr = await h.ctx.reg_mr(pd, buf, BUF, ALL_ACCESS)
-        sides.append((h, pd, buf, mr))
-    pairs = []
-    for _ in range(n):
-        ends = []
-        for h, pd, buf, mr in sides:
-            cq = await h.ctx.create_cq(256)
-            qp = await h.ctx.create_qp(pd, cq, cq, sq_depth=64, rq_depth=64, access=ALL_ACCESS)
-            ends.append({"host": h, "qp": qp, "cq": cq, "pd": pd, "mr": mr, "buf": buf})
-        await connect(ends[0]["qp"], ends[1]["qp"])
-        pairs.append(ends)
-    return pairs
 
 
 def _save(name, cycles, wall, extra=None):
@@ -83,11 +63,10 @@ async def idle(dut):
              timeout_unit="ns")
 async def loaded(dut):
     sysm = await TwoNodes.start(dut, CFG, mirror=False)
-    if SHARED:
-        pairs = await _shared_pairs(sysm, PAIRS)
-    else:
-        pairs = [await sysm.pair(buf_bytes=BUF, sq_depth=64, cq_depth=256)
-                 for _ in range(PAIRS)]
+    pairs = []
+    for _ in range(PAIRS):     # BENCH_SHARED: one PD, buffer and MR per node for all pairs
+        share = pairs[0] if SHARED and pairs else None
+        pairs.append(await sysm.pair(buf_bytes=BUF, sq_depth=64, cq_depth=256, share=share))
     rng = random.Random(1)
     period_ns = 1000.0 / CFG.nic.clock_mhz
     stop_ns = now_ns() + CYCLES * period_ns

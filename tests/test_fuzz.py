@@ -64,29 +64,22 @@ class FuzzTop(wiring.Component):
                 m.d.comb += mine[path].eq(value)
 
         pulses = {p: Signal(name=f"pulse_b_{p}") for p in PROBES}
-        sys_elaborate = sysm.elaborate
+        node = sysm.nodes["b"]
+        node_elaborate = node.elaborate
 
-        def elaborate_system(platform):
-            msys = sys_elaborate(platform)
-            node = msys.submodules["node_b"]
-            node_elaborate = node.elaborate
+        def elaborate_node(platform):
+            mn = node_elaborate(platform)
+            dp = mn.submodules["depacketizer"]
+            dm = mn.submodules["demux"]
+            rs = mn.submodules["responder"]
+            mn.d.comb += [
+                pulses["dpkt_ok"].eq(dp.stat_ok), pulses["dpkt_icrc"].eq(dp.stat_icrc),
+                pulses["dpkt_malformed"].eq(dp.stat_malformed),
+                pulses["demux_drop"].eq(dm.stat_drop), pulses["resp_drop"].eq(rs.stat_drop),
+            ]
+            return mn
 
-            def elaborate_node(platform):
-                mn = node_elaborate(platform)
-                dp = mn.submodules["depacketizer"]
-                dm = mn.submodules["demux"]
-                rs = mn.submodules["responder"]
-                mn.d.comb += [
-                    pulses["dpkt_ok"].eq(dp.stat_ok), pulses["dpkt_icrc"].eq(dp.stat_icrc),
-                    pulses["dpkt_malformed"].eq(dp.stat_malformed),
-                    pulses["demux_drop"].eq(dm.stat_drop), pulses["resp_drop"].eq(rs.stat_drop),
-                ]
-                return mn
-
-            node.elaborate = elaborate_node
-            return msys
-
-        sysm.elaborate = elaborate_system
+        node.elaborate = elaborate_node
         for p in PROBES:
             count = getattr(self, f"probe_b_{p}")
             m.d.sync += count.eq(count + pulses[p])

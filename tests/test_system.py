@@ -33,6 +33,7 @@ CASES = [
     "test_error_send_queue_overflow",
     "test_error_illegal_transition",
     "test_modify_keeps_transport_state",
+    "test_shared_mr",
     "test_random_mixed",
     "test_wqe_cache_guard",
     "test_blueflame",

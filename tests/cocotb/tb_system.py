@@ -117,6 +117,33 @@ async def _error_case(dut, make_wr, want_status, *, want_responder_err=False, po
 
 
 @cocotb.test()
+async def test_shared_mr(dut):
+    """Three QP pairs behind one PD, buffer and MR per node (``TwoNodes.pair(share=...)``, as
+    the bench's peak uses them): each pair WRITEs and READs its own slice of the shared
+    buffer; completions and memory against the reference model, and every pair's ends name
+    the first pair's MR."""
+    sysm = await TwoNodes.start(dut, CFG, backpressure=BP, seed=SEED)
+    a, b = await sysm.pair()
+    pairs = [(a, b)] + [tuple(await sysm.pair(share=(a, b))) for _ in range(2)]
+    await fill(sysm.a, a["buf"], 1 << 16, 1)
+    await fill(sysm.b, b["buf"], 1 << 16, 2)
+    sb = Scoreboard(sysm)
+    sb.mirror()
+    assert len({x["qp"].qpn for x, _ in pairs}) == 3
+    for i, (x, y) in enumerate(pairs):
+        assert x["mr"] is a["mr"] and y["mr"] is b["mr"] and x["pd"] is a["pd"]
+        off = 0x1000 * i
+        await sb.post_send(x["qp"], [
+            SendWR(10 * i + 1, W, (x["buf"] + off, 256, x["mr"].lkey), y["buf"] + off, y["mr"].rkey),
+            SendWR(10 * i + 2, R, (x["buf"] + off + 0x800, 64, x["mr"].lkey),
+                   y["buf"] + off + 0x400, y["mr"].rkey)])
+    await sb.check()
+    for x, _ in pairs:
+        wcs = sb.actual[(0, x["qp"].qpn)]
+        assert [WcStatus(w.status) for w in wcs] == [WcStatus.SUCCESS] * 2, wcs
+
+
+@cocotb.test()
 async def test_error_wrong_rkey(dut):
     await _error_case(dut, lambda a, b: SendWR(2, W, (a["buf"], 8, a["mr"].lkey), b["buf"],
                                                b["mr"].rkey ^ 0x01), "REM_ACCESS_ERR")
