@@ -27,7 +27,7 @@ pipeline flop, as FPGA designs register a high-fan-out reset), so the system lea
 simulator: Verilator evaluates every logic cone that depends on a top-level input in each
 ``eval()`` call (its input-combinational region, twice per clock cycle), and a sync reset
 feeds the next-state logic of every register, so with ``rst`` used directly that cone was
-most of the design (docs/performance.md: the ``connectx6`` system 1.4 times faster raw).
+most of the design (docs/performance.md: the raw ``connectx6`` system about twice as fast).
 """
 
 from amaranth import *
