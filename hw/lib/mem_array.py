@@ -38,7 +38,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from .checks import check_int
-from .reg_array import RegWriteSignature
+from .reg_array import RegWriteSignature, port_write
 
 __all__ = ["MemArray", "MemReadSignature"]
 
@@ -83,10 +83,7 @@ class MemArray(wiring.Component):
     def write(self, port, index, value):
         """Statements (for ``m.d.comb``) that make ``port`` write ``value`` at ``index``
         this cycle."""
-        if port not in self.port_names:
-            raise ValueError(f"port must be one of {self.port_names!r}, not {port!r}")
-        p = getattr(self, port)
-        return [p.en.eq(1), p.addr.eq(index), p.data.eq(value)]
+        return port_write(self, port, index, value)
 
     def read(self, port, index):
         """``(statements, value)``: the statements (for ``m.d.comb``) point read port

@@ -37,7 +37,16 @@ from amaranth.utils import ceil_log2
 
 from .checks import check_int
 
-__all__ = ["RegArray", "RegWriteSignature"]
+__all__ = ["RegArray", "RegWriteSignature", "port_write"]
+
+
+def port_write(array, port, index, value):
+    """The statements of ``array.write``: write port ``port`` (one of ``array.port_names``)
+    writes ``value`` at ``index`` this cycle."""
+    if port not in array.port_names:
+        raise ValueError(f"port must be one of {array.port_names!r}, not {port!r}")
+    p = getattr(array, port)
+    return [p.en.eq(1), p.addr.eq(index), p.data.eq(value)]
 
 
 class RegWriteSignature(wiring.Signature):
@@ -75,10 +84,7 @@ class RegArray(wiring.Component):
     def write(self, port, index, value):
         """Statements (for ``m.d.comb``) that make ``port`` write ``value`` at ``index``
         this cycle."""
-        if port not in self.port_names:
-            raise ValueError(f"port must be one of {self.port_names!r}, not {port!r}")
-        p = getattr(self, port)
-        return [p.en.eq(1), p.addr.eq(index), p.data.eq(value)]
+        return port_write(self, port, index, value)
 
     def elaborate(self, platform):
         m = Module()

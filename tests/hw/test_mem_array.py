@@ -10,6 +10,8 @@ from amaranth.sim import Simulator
 
 from hw.lib.mem_array import MemArray
 
+from .port_drivers import drive_random_writes
+
 
 def _sim(dut, tb):
     m = Module()
@@ -37,18 +39,7 @@ def test_against_model(n, ports, reads, p_write):
     async def tb(ctx, cd):
         for cycle in range(900):
             busy = ctx.get(dut.busy)
-            writes = []
-            for p in ports:
-                port = getattr(dut, p)
-                en = rng.random() < p_write
-                # a narrow address range makes two ports hit one element often
-                addr = rng.randrange(min(n, 3)) if rng.random() < 0.5 else rng.randrange(n)
-                val = rng.randrange(1 << 12)
-                ctx.set(port.en, en)
-                ctx.set(port.addr, addr)
-                ctx.set(port.data, val)
-                if en:
-                    writes.append((addr, val))
+            writes = drive_random_writes(ctx, dut, ports, rng, n, p_write, 12)
             if not busy:
                 for r in reads:
                     addr = rng.randrange(n)

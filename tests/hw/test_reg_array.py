@@ -8,6 +8,8 @@ from amaranth.sim import Simulator
 
 from hw.lib.reg_array import RegArray
 
+from .port_drivers import drive_random_writes
+
 
 @pytest.mark.parametrize("n,ports,p_write", [(1, ("a",), 0.7), (5, ("a", "b"), 0.6),
                                              (16, ("a", "b", "c"), 0.9), (64, ("a", "b"), 0.3)])
@@ -20,18 +22,7 @@ def test_against_model(n, ports, p_write):
     async def tb(ctx):
         nonlocal collisions
         for cycle in range(600):
-            writes = []
-            for p in ports:
-                port = getattr(dut, p)
-                en = rng.random() < p_write
-                # a narrow address range makes two ports hit one element often
-                addr = rng.randrange(min(n, 3)) if rng.random() < 0.5 else rng.randrange(n)
-                val = rng.randrange(1 << 12)
-                ctx.set(port.en, en)
-                ctx.set(port.addr, addr)
-                ctx.set(port.data, val)
-                if en:
-                    writes.append((addr, val))
+            writes = drive_random_writes(ctx, dut, ports, rng, n, p_write, 12)
             # before the edge every element still holds the model's value
             assert [ctx.get(dut.q[i]) for i in range(n)] == model, f"cycle {cycle}"
             await ctx.tick()
