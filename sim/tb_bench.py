@@ -64,9 +64,13 @@ async def idle(dut):
 async def loaded(dut):
     sysm = await TwoNodes.start(dut, CFG, mirror=False)
     pairs = []
-    for _ in range(PAIRS):     # BENCH_SHARED: one PD, buffer and MR per node for all pairs
+    # BENCH_SHARED (the peak: up to 62 pairs): one PD, buffer and MR per node for all pairs,
+    # and rings no larger than the window needs, so that every pair's rings (each aligned to
+    # 4 KB) fit the RTL host's memory (1 MB by default)
+    depths = dict(cq_depth=4 * WINDOW, rq_depth=16) if SHARED else dict(cq_depth=256)
+    for _ in range(PAIRS):
         share = pairs[0] if SHARED and pairs else None
-        pairs.append(await sysm.pair(buf_bytes=BUF, sq_depth=64, cq_depth=256, share=share))
+        pairs.append(await sysm.pair(buf_bytes=BUF, sq_depth=64, share=share, **depths))
     rng = random.Random(1)
     period_ns = 1000.0 / CFG.nic.clock_mhz
     stop_ns = now_ns() + CYCLES * period_ns
