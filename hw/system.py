@@ -26,8 +26,8 @@ pipeline flop, as FPGA designs register a high-fan-out reset), so the system lea
 ``core`` domain, the ``sync`` domain's clock with the registered reset. The reason is the
 simulator: Verilator evaluates every logic cone that depends on a top-level input in each
 ``eval()`` call (its input-combinational region, twice per clock cycle), and a sync reset
-feeds the next-state logic of every register, so with ``rst`` used directly that cone was
-most of the design (docs/performance.md: the raw ``connectx6`` system about twice as fast).
+feeds the next-state logic of every register, so with ``rst`` used directly that cone held
+a third of the design's statements (docs/performance.md: the raw ``connectx6`` system about twice as fast).
 """
 
 from amaranth import *

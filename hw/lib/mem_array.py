@@ -3,7 +3,8 @@ asynchronous read ports, and a sweep that writes the reset value into every elem
 
 :class:`~hw.lib.reg_array.RegArray` keeps one register per element, so the simulator
 evaluates every element's next-state logic every cycle (docs/performance.md: the per-QP
-arrays of the requester are about a third of the ``connectx6`` system's simulation time).
+arrays of the requester, about 0.9 % each, a quarter of the idle ``connectx6`` system's
+simulation time by perf).
 :class:`MemArray` keeps the elements in a ``lib.memory.Memory``: a write is one indexed
 store per port, a read one indexed load per port, whatever the number of elements, as
 Corundum keeps per-queue state in RAM (``queue_manager.v``). What it gives up: the elements
