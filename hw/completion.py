@@ -39,7 +39,7 @@ from amaranth.utils import ceil_log2
 
 from . import formats, regmap
 from .config import NicConfig
-from .lib.reg_array import RegArray
+from .lib.mem_array import MemArray
 from .interfaces import (AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, DmaWritePort,
                          Lookup, QpErrRequest)
 
@@ -78,10 +78,11 @@ class Completion(wiring.Component):
         beat_bytes = min(W, formats.CQE_BYTES)
         wr, done = self.dma_wr.wr, self.dma_wr.done
 
-        # Producer / consumer indices per CQ, written through ports (hw/lib/reg_array.py):
+        # Producer / consumer indices per CQ, written through write ports:
         # "fsm" the CQE writer, "db" the CQ doorbell, "ev" a (re)created CQ, which wins.
-        m.submodules.q_pi = pi = RegArray(n, 16, ("fsm", "ev"))
-        m.submodules.q_ci = ci = RegArray(n, 16, ("db", "ev"))
+        # In memories whose valid bits a reset clears (hw/lib/mem_array.py), read at cur.
+        m.submodules.q_pi = pi = MemArray(n, 16, ("fsm", "ev"), ("cur",))
+        m.submodules.q_ci = ci = MemArray(n, 16, ("db", "ev"), ("cur",))
         bad = Signal(n)            # CQ in error
         told = Signal(n)           # its CQ_ERR event has been raised
         m.d.comb += self.cq_err.eq(bad)
@@ -194,4 +195,5 @@ class Completion(wiring.Component):
             m.d.comb += clear.eq(1 << q)
         m.d.sync += [bad.eq((bad | set_bad | set_bad_wr) & ~clear),
                      told.eq((told | set_told) & ~clear)]
+        m.d.comb += pi.read_addrs() + ci.read_addrs()
         return m

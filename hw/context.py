@@ -37,7 +37,7 @@ from amaranth.utils import ceil_log2
 
 from .config import NicConfig
 from .formats import MR_ENTRY, QpState
-from .lib.reg_array import RegArray
+from .lib.mem_array import MemArray
 from .interfaces import (MmioSignature, Lookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
 from .lib.csr import window_addr_width
 from .regmap import (CONTROL_BYTES, Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE,
@@ -105,9 +105,11 @@ class Context(wiring.Component):
             shape=DB_INDEX_BITS, depth=cfg.n_qps, init=[])
         qp_wr, cq_wr, bind_wr = (mem.write_port() for mem in (qp_mem, cq_mem, bind_mem))
 
-        # QP states: registers (a reset returns every QP to RESET) with one write port (a
-        # command or an error request, never both in one cycle; hw/lib/reg_array.py)
-        m.submodules.states = states = RegArray(cfg.n_qps, QpState, ("w",))
+        # QP states: a memory whose valid bits a reset clears (every QP back to RESET) with
+        # one write port (a command or an error request, never both in one cycle) and a read
+        # port per index read below (hw/lib/mem_array.py)
+        m.submodules.states = states = MemArray(cfg.n_qps, QpState, ("w",),
+                                                ("req", "resp", "cmd", "err"))
         st_wr = states.w
 
         # Combinational lookups.
@@ -293,4 +295,5 @@ class Context(wiring.Component):
                              st_wr.data.eq(QpState.ERR)]
                 m.d.sync += [ev.valid.eq(1), ev.payload.qpn.eq(err_qpn),
                              ev.payload.state.eq(QpState.ERR)]
+        m.d.comb += states.read_addrs()
         return m

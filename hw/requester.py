@@ -167,6 +167,7 @@ from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .arbiter import StreamArbiter
 from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent, beat_layout)
+from .lib.mem_array import MemArray
 from .lib.reg_array import RegArray
 from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
@@ -297,13 +298,24 @@ class Requester(wiring.Component):
             m.submodules[f"q_{name}"] = r
             return r
 
+        mems = []
+
+        def mregs(width, name, ports, reads=1, init=0):
+            """Per-QP state that no block scans: a memory (hw/lib/mem_array.py, valid bits
+            reset it), written through ports as ``regs`` and read at ``reads`` distinct
+            indices (the QP being served: ``cur``, ``rcur``, ...)."""
+            r = MemArray(nq, width, ports, [f"r{k}" for k in range(reads)], init=init)
+            m.submodules[f"m_{name}"] = r
+            mems.append(r)
+            return r
+
         pi = regs(16, "pi", ("tx",))
         fi = regs(16, "fi", ("tx",))
         ci = regs(16, "ci", ("tx", "rx"))
-        npsn = regs(24, "npsn", ("tx",))
+        npsn = mregs(24, "npsn", ("tx",))
         # the highest PSN given to a message since the QP got its send PSN: an ACK or NAK
         # beyond it answers nothing this QP sent (IBA 9.7.5.1) and is dropped
-        hi_psn = regs(24, "hi_psn", ("tx",))
+        hi_psn = mregs(24, "hi_psn", ("tx",), reads=2)
         head = regs(mo_bits + 1, "head", ("tx", "rx"))
         tail = regs(mo_bits + 1, "tail", ("tx",))
         rd_out = arr(5, "rd_out")
@@ -312,7 +324,7 @@ class Requester(wiring.Component):
         # READ/atomic limit and send CQ of the QP, captured when a message enters the tracker
         # (the response FSM uses these instead of the QP lookup, which the send FSM owns)
         qlim = regs(5, "qlim", ("tx",), init=16)
-        qcq = regs(regmap.QP_CTX["send_cq"].shape, "qcq", ("tx",))
+        qcq = mregs(regmap.QP_CTX["send_cq"].shape, "qcq", ("tx",))
         rts = regs(1, "rts", ("tx",))
         err = regs(1, "err", ("tx", "rx"))
         # a local error waits until the messages sent before the failed WQE have completed
@@ -321,27 +333,27 @@ class Requester(wiring.Component):
         # QP events waiting to be applied while the FSM is idle
         ev_pend = regs(1, "ev_pend", ("evc", "evs"))
         ev_reset = regs(1, "ev_reset", ("evs", "evr"))
-        ev_state = regs(3, "ev_state", ("evs",))
-        ev_psn = regs(24, "ev_psn", ("evs",))
+        ev_state = mregs(3, "ev_state", ("evs",), reads=3)
+        ev_psn = mregs(24, "ev_psn", ("evs",))
         # ---- retransmission (IBA 9.7.6.1, go-back-N from the oldest outstanding message)
         # rewind requested (by a PSN sequence NAK, an ACK timeout, the end of an RNR wait or
         # an out-of-order READ response); applied by the send FSM
         rwd_pend = regs(1, "rwd_pend", ("tx", "rx", "xq"))
-        rwd_cnt = regs(1, "rwd_cnt", ("rx", "xq"))         # the rewind counts against retry_cnt
-        rtx_started = regs(1, "rtx_started", ("tx", "rx")) # rewound, no progress since: ignore further NAKs
+        rwd_cnt = mregs(1, "rwd_cnt", ("rx", "xq"))         # the rewind counts against retry_cnt
+        rtx_started = mregs(1, "rtx_started", ("tx", "rx")) # rewound, no progress since: ignore further NAKs
         rnr_wait = regs(1, "rnr_wait", ("tx", "rx", "xq"))       # waiting for the RNR timer
-        retry_used = regs(3, "retry_used", ("tx", "rx"))
-        rnr_used = regs(3, "rnr_used", ("tx", "rx"))
+        retry_used = mregs(3, "retry_used", ("tx", "rx"))
+        rnr_used = mregs(3, "rnr_used", ("tx", "rx"))
         # the QP's timeout / retry_cnt / rnr_retry, captured when a message enters the tracker
-        q_to = regs(5, "q_to", ("tx",))
-        q_retry = regs(3, "q_retry", ("tx",))
-        q_rnr = regs(3, "q_rnr", ("tx",))
+        q_to = mregs(5, "q_to", ("tx",))
+        q_retry = mregs(3, "q_retry", ("tx",))
+        q_rnr = mregs(3, "q_rnr", ("tx",))
         # a rewound READ resumes after the response packets it already has (IBA 9.7.5.1.5)
-        rs_skip = regs(16, "rs_skip", ("tx",))
+        rs_skip = mregs(16, "rs_skip", ("tx",))
         # the send queue of the QP (base, log2 size), captured like q_to: where a WQE the
         # WQE cache no longer holds is read again
-        q_sqb = regs(64, "q_sqb", ("tx",))
-        q_sqlog = regs(5, "q_sqlog", ("tx",))
+        q_sqb = mregs(64, "q_sqb", ("tx",), reads=2)
+        q_sqlog = mregs(5, "q_sqlog", ("tx",), reads=2)
 
         # ---------------- the WQE cache: lk[0] the response FSM, lk[1] the flush
         m.submodules.wqec = wqec = WqeCache(cfg, max(1, self.qpn_bits))
@@ -1592,4 +1604,7 @@ class Requester(wiring.Component):
                 ]
         with m.If(ev_clear & ~(self.qp_event.valid & (self.qp_event.payload.qpn == ev_sel))):
             m.d.comb += ev_reset.write("evr", ev_sel, 0)
+        # the per-QP memories' read ports, at the indices read above
+        for r in mems:
+            m.d.comb += r.read_addrs()
         return m

@@ -1,6 +1,7 @@
 """hw/lib/mem_array.py against a Python model: random writes on every port each cycle (a
 later port wins on the same element), random reads on every read port see the value of the
-last cycle, and after a reset the sweep restores ``init`` while ignoring writes."""
+last cycle, and after a reset every element reads ``init`` again: at once with valid bits,
+after a sweep that ignores writes with ``reset="sweep"``."""
 
 import random
 
@@ -27,11 +28,12 @@ def _sim(dut, tb):
     sim.run()
 
 
+@pytest.mark.parametrize("reset", ["valid", "sweep"])
 @pytest.mark.parametrize("n,ports,reads,p_write", [
     (1, ("a",), ("x",), 0.7), (5, ("a", "b"), ("x", "y"), 0.6),
     (16, ("a", "b", "c"), ("x",), 0.9), (64, ("a", "b"), ("x", "y", "z"), 0.3)])
-def test_against_model(n, ports, reads, p_write):
-    dut = MemArray(n, 12, ports, reads, init=7)
+def test_against_model(n, ports, reads, p_write, reset):
+    dut = MemArray(n, 12, ports, reads, init=7, reset=reset)
     rng = random.Random(n * 31 + len(ports))
     model = [7] * n
     stats = {"collisions": 0, "sweeps": 0, "ignored": 0}
@@ -52,7 +54,8 @@ def test_against_model(n, ports, reads, p_write):
                 stats["sweeps"] += 1
                 model[:] = [7] * n
                 # the sweep takes n cycles; elements it has not reached may still hold
-                # what was written before, so the model only holds again once it is done
+                # what was written before, so the model only holds again once it is done.
+                # With valid bits the reset is immediate: the writes of this cycle are lost
                 continue
             if busy:
                 stats["ignored"] += len(writes)
@@ -64,26 +67,32 @@ def test_against_model(n, ports, reads, p_write):
         assert not ctx.get(dut.busy)
 
     _sim(dut, tb)
-    assert stats["sweeps"] == 3 and stats["ignored"] > 0
+    assert stats["sweeps"] == 3
+    assert (stats["ignored"] > 0) == (reset == "sweep")
     if len(ports) > 1:
         assert stats["collisions"] > 2      # the priority rule was exercised
 
 
+async def _write_indices(ctx, dut, n):
+    """Write element i := i through port ``w``, one per cycle."""
+    for i in range(n):
+        ctx.set(dut.w.en, 1)
+        ctx.set(dut.w.addr, i)
+        ctx.set(dut.w.data, i)
+        await ctx.tick()
+    ctx.set(dut.w.en, 0)
+
+
 def test_sweep_restores_init_and_busy_lasts_n_cycles():
     n = 8
-    dut = MemArray(n, 8, ("w",), ("r",), init=0x5A)
+    dut = MemArray(n, 8, ("w",), ("r",), init=0x5A, reset="sweep")
 
     async def tb(ctx, cd):
         for _ in range(n):                  # the sweep after the start
             assert ctx.get(dut.busy)
             await ctx.tick()
         assert not ctx.get(dut.busy)
-        for i in range(n):
-            ctx.set(dut.w.en, 1)
-            ctx.set(dut.w.addr, i)
-            ctx.set(dut.w.data, i)
-            await ctx.tick()
-        ctx.set(dut.w.en, 0)
+        await _write_indices(ctx, dut, n)
         ctx.set(dut.r.addr, 3)
         assert ctx.get(dut.r.data) == 3
         ctx.set(cd.rst, 1)
@@ -97,6 +106,35 @@ def test_sweep_restores_init_and_busy_lasts_n_cycles():
         for i in range(n):
             ctx.set(dut.r.addr, i)
             assert ctx.get(dut.r.data) == 0x5A
+
+    _sim(dut, tb)
+
+
+def test_valid_bits_reset_at_once():
+    n = 8
+    dut = MemArray(n, 8, ("w",), ("r",), init=0x5A)
+
+    async def tb(ctx, cd):
+        assert not ctx.get(dut.busy)
+        await _write_indices(ctx, dut, n)
+        for i in range(n):
+            ctx.set(dut.r.addr, i)
+            assert ctx.get(dut.r.data) == i
+        ctx.set(cd.rst, 1)
+        await ctx.tick()
+        ctx.set(cd.rst, 0)
+        assert not ctx.get(dut.busy)
+        for i in range(n):
+            ctx.set(dut.r.addr, i)
+            assert ctx.get(dut.r.data) == 0x5A
+        ctx.set(dut.w.en, 1)        # usable in the first cycle after the reset
+        ctx.set(dut.w.addr, 6)
+        ctx.set(dut.w.data, 0x11)
+        await ctx.tick()
+        ctx.set(dut.w.en, 0)
+        for i in range(n):
+            ctx.set(dut.r.addr, i)
+            assert ctx.get(dut.r.data) == (0x11 if i == 6 else 0x5A)
 
     _sim(dut, tb)
 
@@ -118,7 +156,19 @@ def test_write_and_read_helpers():
     (dict(n=4, shape=4, ports=("busy",), reads=("x",)), "ports must be 1 to 8 distinct identifiers"),
     (dict(n=4, shape=4, ports=("a",), reads=()), "reads must be 1 to 8 distinct identifiers"),
     (dict(n=4, shape=4, ports=("a",), reads=("a",)), "reads must be 1 to 8 distinct identifiers"),
+    (dict(n=4, shape=4, ports=("a",), reads=("x",), reset="flash"),
+     "reset must be 'valid' or 'sweep', not 'flash'"),
 ])
 def test_bad_parameters(kw, msg):
     with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]")):
         MemArray(**kw)
+
+
+def test_read_by_index_takes_ports_in_turn():
+    from amaranth.hdl import Signal
+    dut = MemArray(8, 8, ("w",), ("x", "y"))
+    a, b, c = Signal(3), Signal(3), Signal(3)
+    assert dut[a] is dut.x.data and dut[b] is dut.y.data and dut[a] is dut.x.data
+    assert len(dut.read_addrs()) == 2
+    with pytest.raises(ValueError, match=r"all 2 read ports are in use"):
+        dut[c]
