@@ -22,6 +22,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from .interfaces import PacketOut
+from .lib.encoder import round_robin_pick
 
 __all__ = ["StreamArbiter", "PacketArbiter", "round_robin_pick"]
 
@@ -29,32 +30,6 @@ __all__ = ["StreamArbiter", "PacketArbiter", "round_robin_pick"]
 def _check_n(n, lo=1, hi=64):
     if not isinstance(n, int) or isinstance(n, bool) or not lo <= n <= hi:
         raise ValueError(f"n must be an integer in [{lo}, {hi}], not {n!r}")
-
-
-def round_robin_pick(m, requests, last):
-    """Combinational round-robin choice among ``requests`` (list of 1-bit values).
-
-    ``last`` is the previously granted index; the first requesting index after it (cyclically)
-    wins. Returns ``(any_request, pick)``.
-    """
-    n = len(requests)
-    pick = Signal(range(max(n, 2)))
-    any_req = Signal()
-    m.d.comb += any_req.eq(0)
-    for r in requests:
-        with m.If(r):
-            m.d.comb += any_req.eq(1)
-    if n == 1:
-        return any_req, pick
-    with m.Switch(last):
-        for base in range(n):
-            with m.Case(base):
-                order = [(base + 1 + k) % n for k in range(n)]
-                # later assignments win: lowest priority first
-                for idx in reversed(order):
-                    with m.If(requests[idx]):
-                        m.d.comb += pick.eq(idx)
-    return any_req, pick
 
 
 class StreamArbiter(wiring.Component):

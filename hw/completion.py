@@ -39,6 +39,7 @@ from amaranth.utils import ceil_log2
 
 from . import formats, regmap
 from .config import NicConfig
+from .lib.encoder import first_set
 from .lib.mem_array import MemArray
 from .interfaces import (AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, DmaWritePort,
                          Lookup, QpErrRequest)
@@ -108,11 +109,7 @@ class Completion(wiring.Component):
 
         # a CQ in error whose event has not been raised yet
         untold = bad & ~told
-        ev_any = Signal()
-        ev_cq = Signal(self.cqn_bits)
-        for i in reversed(range(n)):
-            with m.If(untold[i]):
-                m.d.comb += [ev_any.eq(1), ev_cq.eq(i)]
+        ev_any, ev_cq = first_set(m, untold, "ev")
         set_bad = Signal(n)            # overrun or completion for a CQ in error
         set_bad_wr = Signal(n)         # a CQE write failed
         set_told = Signal(n)

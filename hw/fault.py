@@ -71,6 +71,7 @@ from amaranth.utils import bits_for
 
 from .arbiter import round_robin_pick
 from .interfaces import BeatStream, beat_layout
+from .lib.encoder import first_set
 
 __all__ = ["FaultInjector", "FrameMerger", "xorshift32", "ZERO_SEED_STATE", "ALWAYS",
            "COUNTERS", "CONTROLS", "CONTROL_WIDTHS", "check_params"]
@@ -123,16 +124,6 @@ def _xs(m, x, name):
     m.d.comb += [a.eq(x ^ (x << 13)[:32]), b.eq(a ^ (a >> 17)), c.eq(b ^ (b << 5)[:32])]
     return c
 
-
-def _first_of(m, requests, name):
-    """Lowest index whose request is high: (any, index)."""
-    n = len(requests)
-    idx = Signal(range(max(n, 2)), name=f"{name}_idx")
-    anyr = Signal(name=f"{name}_any")
-    for k in reversed(range(n)):
-        with m.If(requests[k]):
-            m.d.comb += [idx.eq(k), anyr.eq(1)]
-    return anyr, idx
 
 
 class FaultInjector(wiring.Component):
@@ -198,8 +189,8 @@ class FaultInjector(wiring.Component):
         slot_reps = Array(Signal(name=f"slot{s}_reps") for s in range(N))
         slot_spill = Array(Signal(name=f"slot{s}_spill") for s in range(N))
 
-        have_free, free_idx = _first_of(m, [st == self.FREE for st in slot_state], "free")
-        any_ready, ready_idx = _first_of(m, [st == self.READY for st in slot_state], "ready")
+        have_free, free_idx = first_set(m, Cat(*[st == self.FREE for st in slot_state]), "free")
+        any_ready, ready_idx = first_set(m, Cat(*[st == self.READY for st in slot_state]), "ready")
 
         dnew = Signal(dec_layout)
         drop_new = self.down | hit(s1[:16], self.loss)

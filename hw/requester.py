@@ -167,6 +167,7 @@ from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .arbiter import StreamArbiter
 from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent, beat_layout)
+from .lib.encoder import first_set
 from .lib.mem_array import MemArray
 from .lib.reg_array import RegArray
 from .lib.write_gate import WriteGate
@@ -841,21 +842,14 @@ class Requester(wiring.Component):
             prev = nxt
         m.d.comb += n_batch.eq(Mux(flushing, 1, prev))
 
-        ev_any = Signal()
-        for i in reversed(range(nq)):
-            with m.If(ev_pend[i]):
-                m.d.comb += [ev_any.eq(1), ev_sel.eq(i)]
-        # rewinds waiting to be applied (not while a batch of the QP is in flight)
-        rw_any = Signal()
-        rw_sel = Signal(self.qpn_bits)
-        for i in reversed(range(nq)):
-            with m.If(rwd_pend[i] & ~err[i] & ~ev_pend[i] & ~inflight[i]):
-                m.d.comb += [rw_any.eq(1), rw_sel.eq(i)]
-        fl_any = Signal()
-        fl_sel = Signal(self.qpn_bits)
-        for i in reversed(range(nq)):
-            with m.If(flushable[i]):
-                m.d.comb += [fl_any.eq(1), fl_sel.eq(i)]
+        # the lowest QP with a QP event, a rewind (not while a batch of the QP is in
+        # flight), a flush waiting to be applied (priority encoders, hw/lib/encoder.py)
+        ev_any, ev_first = first_set(m, Cat(*ev_pend.q), "ev")
+        m.d.comb += ev_sel.eq(ev_first)
+        rw_any, rw_sel = first_set(
+            m, Cat(*[rwd_pend[i] & ~err[i] & ~ev_pend[i] & ~inflight[i] for i in range(nq)]),
+            "rw")
+        fl_any, fl_sel = first_set(m, flushable, "fl")
 
         ev_clear = Signal()
         # a doorbell that was already waiting when a QP event arrived is taken before the

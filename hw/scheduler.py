@@ -20,6 +20,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from .lib.encoder import round_robin_pick
+
 __all__ = ["Scheduler"]
 
 
@@ -39,25 +41,11 @@ class Scheduler(wiring.Component):
         n = self.n
         last = Signal(self.qpn_bits, init=n - 1)
 
-        # bits strictly after the last grant
-        above = Signal(n)
-        m.d.comb += above.eq(Cat(*[last < i for i in range(n)]))
-        hi = Signal(n)
-        m.d.comb += hi.eq(self.req & above)
-
-        def lowest(vec, out):
-            for i in reversed(range(n)):
-                with m.If(vec[i]):
-                    m.d.comb += out.eq(i)
-
-        sel_hi = Signal(self.qpn_bits)
-        sel_any = Signal(self.qpn_bits)
-        lowest(hi, sel_hi)
-        lowest(self.req, sel_any)
-
+        # the lowest request above the last grant, else the lowest (hw/lib/encoder.py)
+        anyr, pick = round_robin_pick(m, self.req, last, "sched")
         m.d.comb += [
-            self.grant.valid.eq(self.req.any()),
-            self.grant.payload.qpn.eq(Mux(hi.any(), sel_hi, sel_any)),
+            self.grant.valid.eq(anyr),
+            self.grant.payload.qpn.eq(pick),
         ]
         with m.If(self.grant.valid & self.grant.ready):
             m.d.sync += last.eq(self.grant.payload.qpn)

@@ -59,6 +59,7 @@ from ..arbiter import round_robin_pick
 from ..formats import TLP_DOWN_HDR, TlpKind, TlpStatus
 from ..interfaces import DMA_MAX_LEN, DmaReadPort, TlpUp
 from ..lib.checks import check_int, check_pow2
+from ..lib.encoder import first_set
 
 __all__ = ["DmaReadEngine", "MRD_OUT", "split_reads", "ring_words_for"]
 
@@ -82,17 +83,6 @@ def split_reads(addr, length, mrrs):
         out.append((addr, n))
         addr += n
     return out
-
-
-def _first_set(m, bits, n, name):
-    """(any, index) of the lowest set bit of ``bits`` (n wide)."""
-    idx = Signal(range(max(n, 2)), name=f"{name}_idx")
-    anyb = Signal(name=f"{name}_any")
-    for i in reversed(range(n)):
-        with m.If(bits[i]):
-            m.d.comb += idx.eq(i)
-    m.d.comb += anyb.eq(bits.any())
-    return anyb, idx
 
 
 class DmaReadEngine(wiring.Component):
@@ -146,7 +136,7 @@ class DmaReadEngine(wiring.Component):
 
         # ---- tag pool and tag table -------------------------------------------------------
         free = Signal(NT, init=(1 << NT) - 1)
-        tag_any, tag_pick = _first_set(m, free, NT, "tag")
+        tag_any, tag_pick = first_set(m, free, "tag")
         m.d.comb += self.tags_free.eq(sum(free[i] for i in range(NT)))
         TAG_ENTRY = data.StructLayout({"client": cb, "seq": ls, "xbase": xbits, "s_lo": lw})
         m.submodules.tagtab = tagtab = Memory(shape=TAG_ENTRY, depth=NT, init=[])

@@ -30,6 +30,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from .checks import check_int
+from .encoder import first_set
 
 __all__ = ["InflightTable"]
 
@@ -65,11 +66,8 @@ class InflightTable(wiring.Component):
         match = Signal(n)
         m.d.comb += match.eq(Cat(*[live[i] & (keys[i] == self.claim.payload.key)
                                    for i in range(n)]))
-        free_any = Signal()
-        m.d.comb += free_any.eq(~live.all())
-        for i in reversed(range(n)):
-            with m.If(~live[i]):
-                m.d.comb += self.claim_slot.eq(i)
+        free_any, free_slot = first_set(m, ~live, "free")
+        m.d.comb += self.claim_slot.eq(free_slot)
 
         m.d.comb += self.claim.ready.eq(~match.any() & free_any)
         take = self.claim.valid & self.claim.ready

@@ -31,6 +31,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..interfaces import DMA_WR_DONE
 from .checks import check_int, check_pow2
+from .encoder import lowest_one_hot
 
 __all__ = ["WriteGate"]
 
@@ -104,9 +105,9 @@ class WriteGate(wiring.Component):
         free = ~valid
         put = Signal(n)
         new = self.done.valid & self.done.payload.err
-        for k in reversed(range(n)):
-            with m.If(new & free[k]):
-                m.d.comb += put.eq(1 << k)
+        first_free = lowest_one_hot(m, free, "free")
+        with m.If(new):
+            m.d.comb += put.eq(first_free)
         m.d.comb += self.stat_lost.eq(new & ~free.any())
         for k in range(n):
             with m.If(put[k]):
