@@ -63,7 +63,7 @@ The requester breaks it with three rules:
    waits only on ``dma_wr`` (the host always drains writes), ``cqe`` (the completion engine
    drains to DMA) and ``set_err`` (the context drains it). It uses no send-side resource: it
    has its own tracker read port, its own CQE register, the completion queue number and
-   READ/atomic limit of each QP are kept in per-QP registers (written when a message enters
+   READ/atomic limit of each QP are kept per QP (written when a message enters
    the tracker), and ``cqe`` / ``set_err`` are shared with the send FSM through sticky
    two-way arbiters (an offer, once made, is held until taken).
 2. **The send path may wait on tx and on payload-buffer space freely** (it sits in its
@@ -286,7 +286,7 @@ class Requester(wiring.Component):
         trk_rrd = trk.read_port(domain="comb")     # response FSM: head of rcur
         trk_wr = trk.write_port()
 
-        # ---------------- per-QP registers
+        # ---------------- per-QP state: registers (scanned) and memories (read at one QP)
         def arr(width, name, init=0):
             return Array(Signal(width, name=f"{name}{i}", init=init) for i in range(nq))
 
