@@ -470,12 +470,12 @@ class Requester(wiring.Component):
         m.submodules.timer = timer = RetryTimer(nq, max(1, cfg.cycles(TICK_NS)))
         tx_kick = Signal()            # the send FSM restarts the ACK timer of cur
         rx_kick = Signal()            # the response FSM made progress on rcur
-        armed = Signal(nq)
-        for i in range(nq):
-            # not while a rewind waits to be applied (it restarts the timer)
-            m.d.comb += armed[i].eq((count(i) != 0) & rts[i] & ~err[i] & ~ev_pend[i]
-                                    & ~rwd_pend[i])
+        # the ACK timer of the QP it scans runs while requests are outstanding; not while a
+        # rewind waits to be applied (it restarts the timer). Evaluated at that one QP.
+        armed = Signal()
+        ts = timer.to_index
         m.d.comb += [
+            armed.eq((count(ts) != 0) & rts[ts] & ~err[ts] & ~ev_pend[ts] & ~rwd_pend[ts]),
             timer.armed.eq(armed),
             timer.kick.eq(Mux(tx_kick, 1 << cur, 0) | Mux(rx_kick, 1 << rcur, 0)),
             timer.to_value.eq(q_to[timer.to_index]),
@@ -1571,7 +1571,7 @@ class Requester(wiring.Component):
                 # the RNR wait is over: send again from the RNR NAKed message
                 m.d.comb += (rnr_wait.write("xq", xq, 0) + rwd_pend.write("xq", xq, 1)
                              + rwd_cnt.write("xq", xq, 0))
-            with m.Elif(armed.bit_select(xq, 1)):
+            with m.Elif(armed):             # xq is the scanned QP, timer.to_index
                 # local ACK timeout: counts against retry_cnt
                 m.d.comb += self.stat_timeout.eq(1)
                 m.d.comb += rwd_pend.write("xq", xq, 1) + rwd_cnt.write("xq", xq, 1)

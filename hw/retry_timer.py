@@ -17,17 +17,19 @@ Structure: a free-running time base ``now`` counts ticks of 1.024 us (``tick_cyc
 cycles, so that 4.096 us is exactly 4 ticks and the RNR values are rounded up to whole
 ticks). One row per QP (``lib.memory.Memory``) holds the timer's mode (idle, ACK, RNR) and
 its deadline in ticks. A scanner visits one QP per cycle (round robin): it starts the ACK
-timer of an idle QP that has requests outstanding (``armed``), restarts it on a ``kick``
-(progress), stops it when nothing is outstanding, and reports an expired ACK or RNR timer on
-``expire`` (one pulse, the requester always takes it). A QP is therefore looked at every
-``n_qps`` cycles: the timers are late by at most that many cycles plus one tick, far below
-their microsecond range, while the hardware is one memory and one comparator instead of a
-counter per QP.
+timer of an idle QP that has requests outstanding (``armed``: a combinational answer for
+the QP at ``to_index``, like ``to_value``, so that no per-QP mask is built), restarts it on
+a ``kick`` (progress), stops it when nothing is outstanding, and reports an expired ACK or
+RNR timer on ``expire`` (one pulse, the requester always takes it). A QP is therefore looked
+at every ``n_qps`` cycles: the timers are late by at most that many cycles plus one tick,
+far below their microsecond range, while the hardware is one memory and one comparator
+instead of a counter per QP.
 
 ``rnr`` (always ready) starts the RNR wait of a QP; it takes the row's write port that cycle
 and the scanner waits.
 
-Ports: ``kick: In(n_qps)`` (pulses: restart the ACK timer), ``armed: In(n_qps)`` (levels),
+Ports: ``kick: In(n_qps)`` (pulses: restart the ACK timer), ``armed: In(1)`` (level: the QP
+at ``to_index`` has requests outstanding and may time out),
 ``rnr: In(stream of {qpn, code})``, ``to_index: Out(qpn_bits)`` / ``to_value: In(5)`` (the
 ``timeout`` exponent of the QP being scanned: a combinational lookup answered by the
 requester), ``expire_valid: Out(1)``, ``expire_qpn: Out(qpn_bits)``, ``expire_rnr: Out(1)``,
@@ -89,7 +91,7 @@ class RetryTimer(wiring.Component):
         self.qpn_bits = qb
         super().__init__({
             "kick": In(n_qps),
-            "armed": In(n_qps),
+            "armed": In(1),
             "rnr": In(RnrStart(qb)),
             "to_index": Out(qb),
             "to_value": In(5),
@@ -145,7 +147,7 @@ class RetryTimer(wiring.Component):
         with m.Else():
             m.d.sync += scan.eq(scan + 1)
             m.d.comb += [clear.eq(1 << scan), wr.addr.eq(scan), wr.data.eq(row)]
-            armed = self.armed.bit_select(scan, 1)
+            armed = self.armed
             kicked = kick_pend.bit_select(scan, 1)
             with m.Switch(row.mode):
                 with m.Case(MODE_RNR):

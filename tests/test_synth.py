@@ -28,7 +28,7 @@ def test_cli_writes_resources_json(tmp_path, capsys):
     assert rec["top"] == "host_if" and rec["preset"] == "small"
     assert rec["luts"] > 1000 and rec["ffs"] > 1000
     # Block RAM: the read engine keeps each read client's data in a ring of two banks (even
-    # and odd words, synchronous read, byte-enabled writes). With W = 8 the WQE client's
+    # and odd words, synchronous read, whole-word writes). With W = 8 the WQE client's
     # ring is 128 words (four 256-byte WQE batches), so each bank is 64 x 64 bits, which
     # Yosys puts in two DP16KD (36 bits wide each): 4 in all. The other rings (64, 64, 8
     # and 4 words), the tag table, the FIFOs and the write engine's response queue are

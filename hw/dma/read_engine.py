@@ -14,15 +14,20 @@ rules for a requester (PCI Express Base Specification 4.0, 2.2.9 and 2.3.1.1):
   address order within a request, each naming the tag and the byte range ``[lo, lo + len)``
   of the request it carries in whole aligned words (the host may split at its read
   completion boundary). Completions of different tags may arrive in any order and
-  interleave only at TLP boundaries. Each data word is written, rotated to the client's byte
-  order, into the client's ring (below); the tag returns to the pool with the completion
-  marked ``last``. A completion whose tag is not outstanding is dropped and counted
+  interleave only at TLP boundaries. Each data word is written whole, as the host sent it,
+  into its place in the client's ring (below); the tag returns to the pool with the
+  completion marked ``last``. A completion whose tag is not outstanding is dropped and counted
   (``stat_bad``).
 * **Realignment in the NIC.** The host sends whole aligned words; the client gets its bytes
   packed from byte 0 (:func:`~hw.interfaces.DmaReadPort`). Each client has a ring of
-  ``ring_words[c]`` words in two banks (even/odd words, byte-enabled writes), so that one
-  incoming word, rotated by ``(-addr) mod W`` bytes, lands in two consecutive ring words in
-  one cycle.
+  ``ring_words[c]`` words that holds a request's host words as they came (a request of
+  ``len`` bytes at ``addr`` takes ``ceil((addr mod W + len) / W)`` ring words; every TLP
+  boundary is a multiple of MRRS, so no host word belongs to two TLPs and every write is a
+  whole word, without byte enables). The ring is two banks (even / odd words); delivery
+  reads a word and the next one in the same cycle and shifts the pair by ``addr mod W``
+  bytes, so each client word is realigned on its way out, one per cycle. (Realigning on the
+  write side instead needs byte-enabled writes, one per byte lane, which cost Verilator a
+  delayed store per lane and port; docs/performance.md.)
 * **Reserve, then read.** A TLP is issued only when the client's ring has room for every word
   it fills; data therefore always has a place and the completion stream is never
   back-pressured. Each client's data leaves its ring in request order, one word per cycle,
@@ -46,6 +51,10 @@ of one client issued and not yet passed to its data, power of two, default >= n_
 Ports: ``rd: In(DmaReadPort(W)).array(n)``; ``mrd: Out(stream {hdr: TLP_DOWN_HDR, after:
 16})``; ``cpl: In(TlpUp(W))`` (read completions only, always ready); ``w_accepted: In(16)``;
 ``stat_bad: Out(1)``; ``tags_free: Out(range(n_tags + 1))``.
+
+A request whose address is not word-aligned can take one ring word more than its length
+needs, so ``ring_words`` sized for ``k`` requests of ``max_len`` bytes holds fewer than
+``k`` unaligned ones at once (never fewer than one).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -132,13 +141,14 @@ class DmaReadEngine(wiring.Component):
         ls = exact_log2(DS)
         MRRS = self.mrrs
         cb = max(1, ceil_log2(n))
-        xbits = max(exact_log2(d) for d in self.ring_words) + lw + 1
+        kbits = max(exact_log2(d) for d in self.ring_words) + 1
 
         # ---- tag pool and tag table -------------------------------------------------------
         free = Signal(NT, init=(1 << NT) - 1)
         tag_any, tag_pick = first_set(m, free, "tag")
         m.d.comb += self.tags_free.eq(sum(free[i] for i in range(NT)))
-        TAG_ENTRY = data.StructLayout({"client": cb, "seq": ls, "xbase": xbits, "s_lo": lw})
+        # kbase: ring word of the TLP's first host word; s_lo: the TLP address mod W
+        TAG_ENTRY = data.StructLayout({"client": cb, "seq": ls, "kbase": kbits, "s_lo": lw})
         m.submodules.tagtab = tagtab = Memory(shape=TAG_ENTRY, depth=NT, init=[])
         tt_wr = tagtab.write_port()
         tt_rd = tagtab.read_port(domain="comb")
@@ -168,7 +178,8 @@ class DmaReadEngine(wiring.Component):
             s_addr = Signal(64, name=f"c{c}_s")        # next byte to request
             off = Signal(17, name=f"c{c}_off")        # s - request address
             rlen = Signal(17, name=f"c{c}_len")
-            base = Signal(lD + 1, name=f"c{c}_base")  # ring word of the request's byte 0
+            base = Signal(lD + 1, name=f"c{c}_base")  # ring word of the request's first host word
+            shift0 = Signal(lw, name=f"c{c}_shift")   # the request's address mod W
             after = Signal(16, name=f"c{c}_after")
             alloc = Signal(lD + 1, name=f"c{c}_alloc")  # next request's base
             seq = Signal(ls + 1, name=f"c{c}_seq")      # next TLP number
@@ -180,7 +191,7 @@ class DmaReadEngine(wiring.Component):
             st.err_set = Signal(DS, name=f"c{c}_err_set")
 
             m.submodules[f"c{c}_desc"] = desc = SyncFIFOBuffered(
-                width=14 + lw + 1 + port.rd.payload.tag.shape().width, depth=DS)
+                width=14 + lw + 1 + lw + port.rd.payload.tag.shape().width, depth=DS)
             # TLPs passed in order, as segments of deliverable words: {end word, error so far}
             m.submodules[f"c{c}_seg"] = segq = SyncFIFOBuffered(width=lD + 2, depth=DS)
             m.submodules[f"c{c}_chunks"] = chunks = Memory(shape=CHUNK, depth=DS, init=[])
@@ -193,14 +204,17 @@ class DmaReadEngine(wiring.Component):
             m.d.comb += nw_req.eq((req.len + (W - 1)) >> lw)
             lastn = Signal(lw + 1, name=f"c{c}_lastn")
             m.d.comb += lastn.eq(req.len - ((nw_req - 1) << lw))
+            nh_req = Signal(15, name=f"c{c}_nh_req")     # host words the request spans
+            m.d.comb += nh_req.eq((req.addr[:lw] + req.len + (W - 1)) >> lw)
             m.d.comb += [
                 port.req.ready.eq(~busy & desc.w_rdy),
-                desc.w_data.eq(Cat(nw_req[:14], lastn, req.tag)),
+                desc.w_data.eq(Cat(nw_req[:14], lastn, req.addr[:lw], req.tag)),
                 desc.w_en.eq(port.req.valid & port.req.ready),
             ]
             with m.If(port.req.valid & port.req.ready):
                 m.d.sync += [busy.eq(1), s_addr.eq(req.addr), off.eq(0), rlen.eq(req.len),
-                             base.eq(alloc), alloc.eq(alloc + nw_req), after.eq(self.w_accepted)]
+                             base.eq(alloc), alloc.eq(alloc + nh_req), after.eq(self.w_accepted),
+                             shift0.eq(req.addr[:lw])]
 
             # -- the next chunk of the request
             rem = Signal(17, name=f"c{c}_rem")
@@ -215,8 +229,8 @@ class DmaReadEngine(wiring.Component):
             m.d.comb += last.eq(rem <= to_bnd)
             e_off = Signal(18, name=f"c{c}_eoff")
             m.d.comb += e_off.eq(off + clen)
-            w1 = Signal(16, name=f"c{c}_w1")           # words of the request filled so far
-            m.d.comb += w1.eq((e_off + (W - 1)) >> lw)
+            w1 = Signal(16, name=f"c{c}_w1")           # host words of the request filled so far
+            m.d.comb += w1.eq((shift0 + e_off + (W - 1)) >> lw)
             res_end = Signal(lD + 1, name=f"c{c}_resend")
             m.d.comb += res_end.eq(base + w1)
             used = Signal(lD + 1, name=f"c{c}_used")
@@ -228,13 +242,13 @@ class DmaReadEngine(wiring.Component):
             can.append(ok)
             go = Signal(name=f"c{c}_issue")
             issue.append(go)
-            dend = Signal(lD + 1, name=f"c{c}_dend")
-            m.d.comb += dend.eq(base + Mux(last, w1, e_off >> lw))
+            # the TLP ends on an MRRS boundary (a whole host word) or at the request's end
+            dend = res_end
             st.tt_data = Signal(TAG_ENTRY, name=f"c{c}_tt")
             m.d.comb += [
                 st.tt_data.client.eq(c),
                 st.tt_data.seq.eq(seq[:ls]),
-                st.tt_data.xbase.eq((base << lw) + off),
+                st.tt_data.kbase.eq(base + ((shift0 + off) >> lw)),
                 st.tt_data.s_lo.eq(s_addr[:lw]),
             ]
             st.mrd_addr, st.mrd_len, st.after = s_addr, clen, after
@@ -264,50 +278,77 @@ class DmaReadEngine(wiring.Component):
             m.d.sync += [done.eq((done & ~clr) | st.done_set),
                          errv.eq((errv & ~clr) | st.err_set)]
 
-            # -- ring: two banks of D/2 words, byte-enabled writes
+            # -- ring: two banks of D/2 words (even / odd), whole-word writes
             bank = []
             for b in range(2):
                 mem = Memory(shape=8 * W, depth=D // 2, init=[])
                 m.submodules[f"c{c}_bank{b}"] = mem
-                bank.append((mem.write_port(granularity=8), mem.read_port(domain="sync", transparent_for=())))
+                bank.append((mem.write_port(), mem.read_port(domain="sync", transparent_for=())))
             st.bank = bank
             st.lD = lD
 
-            # -- delivery: one word per cycle, in order
+            # -- delivery: one client word per cycle, in order, from host words dp and dp + 1
             d_nw = Signal(14, name=f"c{c}_d_nw")
             d_lastn = Signal(lw + 1, name=f"c{c}_d_lastn")
+            d_shift = Signal(lw, name=f"c{c}_d_shift")
             d_tag = Signal(port.rd.payload.tag.shape().width, name=f"c{c}_d_tag")
-            m.d.comb += Cat(d_nw, d_lastn, d_tag).eq(desc.r_data)
+            m.d.comb += Cat(d_nw, d_lastn, d_shift, d_tag).eq(desc.r_data)
             dcount = Signal(14, name=f"c{c}_dcount")
             out_v = Signal(name=f"c{c}_out_v")
             is_last = dcount + 1 == d_nw
+            # the client word's bytes run past host word dp into dp + 1
+            need2 = Signal(name=f"c{c}_need2")
+            m.d.comb += need2.eq(d_shift + Mux(is_last, d_lastn, W) > W)
+            # a: the passed segment (TLP) that holds host word dp; the next one is segq's head
+            a_v = Signal(name=f"c{c}_a_v")
+            a_end = Signal(lD + 1, name=f"c{c}_a_end")
+            a_err = Signal(name=f"c{c}_a_err")
+            a_left = Signal(lD + 1, name=f"c{c}_a_left")   # host words of a from dp on
+            m.d.comb += a_left.eq(a_end - dp)
+            in_a = a_v & (a_left > need2)
+            in_ab = a_v & need2 & (a_left == 1) & segq.r_rdy
             fetch = Signal(name=f"c{c}_fetch")
-            s_end = segq.r_data[:lD + 1]
-            s_err = segq.r_data[lD + 1]
-            avail = segq.r_rdy & (s_end != dp)
-            m.d.comb += fetch.eq(avail & desc.r_rdy & (~out_v | port.rd.ready))
-            # a segment is done when its last word is fetched; one that adds no word (a TLP
-            # ending inside the word where the previous one ended) goes at once
-            m.d.comb += segq.r_en.eq(segq.r_rdy & ((s_end == dp) | (fetch & (dp + 1 == s_end))))
+            m.d.comb += fetch.eq((in_a | in_ab) & desc.r_rdy & (~out_v | port.rd.ready))
+            step = Signal(2, name=f"c{c}_step")           # host words the client word frees
+            m.d.comb += step.eq(Mux(is_last, 1 + need2, 1))
+            a_done = fetch & (a_left <= step)              # dp leaves segment a
+            b_done = fetch & (a_left < step)               # ... and the next one (a request's end)
+            with m.If(b_done):
+                m.d.comb += segq.r_en.eq(1)
+                m.d.sync += a_v.eq(0)
+            with m.Elif((~a_v | a_done) & segq.r_rdy):
+                m.d.comb += segq.r_en.eq(1)
+                m.d.sync += [a_v.eq(1), a_end.eq(segq.r_data[:lD + 1]),
+                             a_err.eq(segq.r_data[lD + 1])]
+            with m.Elif(a_done):
+                m.d.sync += a_v.eq(0)
             sel = Signal(name=f"c{c}_sel")
             o_last = Signal(name=f"c{c}_o_last")
             o_nb = Signal(lw + 1, name=f"c{c}_o_nb")
+            o_shift = Signal(lw, name=f"c{c}_o_shift")
             o_tag = Signal.like(d_tag, name=f"c{c}_o_tag")
             o_err = Signal(name=f"c{c}_o_err")
-            for b in range(2):
-                m.d.comb += [bank[b][1].addr.eq(dp[1:lD]), bank[b][1].en.eq(fetch)]
+            dp1 = Signal(lD + 1, name=f"c{c}_dp1")
+            m.d.comb += dp1.eq(dp + 1)
+            # bank 0 holds the even one of dp, dp + 1 and bank 1 the odd one
+            m.d.comb += [bank[0][1].addr.eq(dp1[1:lD]), bank[1][1].addr.eq(dp[1:lD]),
+                         bank[0][1].en.eq(fetch), bank[1][1].en.eq(fetch)]
+            lo_w = Mux(sel, bank[1][1].data, bank[0][1].data)
+            hi_w = Mux(sel, bank[0][1].data, bank[1][1].data)
             m.d.comb += [
                 port.rd.valid.eq(out_v),
-                port.rd.payload.data.eq(Mux(sel, bank[1][1].data, bank[0][1].data)),
+                port.rd.payload.data.eq((Cat(lo_w, hi_w) >> (o_shift << 3))[:8 * W]),
                 port.rd.payload.nbytes.eq(o_nb),
                 port.rd.payload.last.eq(o_last),
                 port.rd.payload.tag.eq(o_tag),
                 port.rd.payload.err.eq(o_err),
             ]
             with m.If(fetch):
-                m.d.sync += [out_v.eq(1), dp.eq(dp + 1), sel.eq(dp[0]), o_last.eq(is_last),
+                m.d.sync += [out_v.eq(1), dp.eq(dp + step), sel.eq(dp[0]), o_last.eq(is_last),
                              o_nb.eq(Mux(is_last, d_lastn, W)), o_tag.eq(d_tag),
-                             o_err.eq(s_err)]
+                             o_shift.eq(d_shift),
+                             # the word's last byte is in the next segment: its status counts
+                             o_err.eq(Mux(in_a, a_err, segq.r_data[lD + 1]))]
                 with m.If(is_last):
                     m.d.comb += desc.r_en.eq(1)
                     m.d.sync += dcount.eq(0)
@@ -354,76 +395,38 @@ class DmaReadEngine(wiring.Component):
         # registered state of the TLP in progress
         r_client = Signal(cb)
         r_seq = Signal(ls)
-        r_k = Signal(xbits - lw)
-        r_rot = Signal(lw)
-        r_left = Signal(range(4096 // W + 2))    # beats left, the next one included
-        r_end = Signal(lw + 1)                    # bytes of the last beat
+        r_k = Signal(kbits)
         r_drop = Signal()
         r_last = Signal()
         r_err = Signal()
         r_tag = Signal(8)
-        # values for the current beat
-        k = Signal(xbits - lw)
-        rot = Signal(lw)
+        # values for the current beat: it is host word k of the client's ring
+        k = Signal(kbits)
         client = Signal(cb)
         cseq = Signal(ls)
         drop = Signal()
-        b_first = Signal(lw + 1)
-        nbeats = Signal(range(4096 // W + 2))
-        endb = Signal(lw + 1)
-        h_lo_w = Signal(lw + 1)
-        x = Signal(xbits)
-        m.d.comb += [
-            h_lo_w.eq((ent.s_lo + hdr.lo)[:lw]),
-            x.eq(ent.xbase + hdr.lo - h_lo_w),
-            nbeats.eq((h_lo_w + hdr.len + (W - 1)) >> lw),
-            endb.eq(Mux(((h_lo_w + hdr.len)[:lw]) == 0, W, (h_lo_w + hdr.len)[:lw])),
-        ]
-        beat_is_last = Signal()
+        k_first = Signal(kbits)
+        m.d.comb += k_first.eq(ent.kbase + ((ent.s_lo + hdr.lo) >> lw))
         with m.If(first):
-            m.d.comb += [k.eq(x >> lw), rot.eq(x[:lw]), client.eq(ent.client),
-                         cseq.eq(ent.seq), drop.eq(~tag_ok), b_first.eq(h_lo_w),
-                         beat_is_last.eq(nbeats <= 1)]
+            m.d.comb += [k.eq(k_first), client.eq(ent.client), cseq.eq(ent.seq),
+                         drop.eq(~tag_ok)]
         with m.Else():
-            m.d.comb += [k.eq(r_k), rot.eq(r_rot), client.eq(r_client), cseq.eq(r_seq),
-                         drop.eq(r_drop), b_first.eq(0), beat_is_last.eq(r_left == 1)]
-        end_here = Mux(first, endb, r_end)
-        # byte enables of this beat (host byte order), then rotated like the data
-        en = Signal(W)
-        lo_mask = Signal(W)
-        hi_mask = Signal(W)
-        m.d.comb += [
-            lo_mask.eq(Const((1 << W) - 1, W) << b_first),
-            hi_mask.eq(Mux(beat_is_last, (Const(1, W + 1) << end_here) - 1, (1 << W) - 1)),
-            en.eq(Mux((hdr.len == 0) & first, 0, lo_mask & hi_mask)),
-        ]
-        wide = Signal(16 * W)
-        wen = Signal(2 * W)
-        m.d.comb += [wide.eq(cpl.payload.data << (rot << 3)), wen.eq(en << rot)]
-        lo_even = ~k[0]
+            m.d.comb += [k.eq(r_k), client.eq(r_client), cseq.eq(r_seq), drop.eq(r_drop)]
+        # a completion without data (a failed TLP) writes nothing
+        wr_en = beat & ~drop & ~(first & (hdr.len == 0))
         for c, st in enumerate(clients):
             lD = st.lD
-            (w0, _), (w1_, _) = st.bank
-            mine = beat & ~drop & (client == c)
-            row = k[1:lD]
-            # the low half goes to word k, the high half to word k + 1
-            m.d.comb += [
-                w0.addr.eq(Mux(lo_even, row, (k + 1)[1:lD])),
-                w1_.addr.eq(row),
-                w0.data.eq(Mux(lo_even, wide[:8 * W], wide[8 * W:])),
-                w1_.data.eq(Mux(lo_even, wide[8 * W:], wide[:8 * W])),
-                w0.en.eq(Mux(mine, Mux(lo_even, wen[:W], wen[W:]), 0)),
-                w1_.en.eq(Mux(mine, Mux(lo_even, wen[W:], wen[:W]), 0)),
-            ]
+            for b, (wp, _) in enumerate(st.bank):
+                m.d.comb += [wp.addr.eq(k[1:lD]), wp.data.eq(cpl.payload.data),
+                             wp.en.eq(wr_en & (client == c) & (k[0] == b))]
         with m.If(beat):
             with m.If(first):
-                m.d.sync += [r_client.eq(ent.client), r_seq.eq(ent.seq), r_rot.eq(x[:lw]),
-                             r_left.eq(Mux(nbeats == 0, 0, nbeats - 1)),
-                             r_end.eq(endb), r_drop.eq(~tag_ok), r_last.eq(hdr.last),
+                m.d.sync += [r_client.eq(ent.client), r_seq.eq(ent.seq),
+                             r_drop.eq(~tag_ok), r_last.eq(hdr.last),
                              r_err.eq(hdr.status != TlpStatus.SC), r_tag.eq(hdr.tag),
-                             r_k.eq((x >> lw) + 1)]
+                             r_k.eq(k_first + 1)]
             with m.Else():
-                m.d.sync += [r_k.eq(r_k + 1), r_left.eq(r_left - 1)]
+                m.d.sync += r_k.eq(r_k + 1)
         # the TLP's last beat: a completion marked last ends its tag
         tlp_last = Mux(first, hdr.last, r_last)
         tlp_err = Mux(first, hdr.status != TlpStatus.SC, r_err)

@@ -216,6 +216,29 @@ def test_errors_reach_the_client():
     assert state["tags_free"] == 8
 
 
+@pytest.mark.parametrize("W", [8, 64])
+def test_error_on_a_word_that_straddles_tlps(W):
+    """An unaligned read across a TLP boundary (realigned on delivery, docs of
+    hw/dma/read_engine.py): the client word holding bytes of both TLPs carries the failed
+    one's err; the words before it do not, and their bytes are right."""
+    BAD = 0x5000
+
+    def fail(a, n, is_write):
+        return TlpStatus.UR if a + n > BAD and a >= BAD else None
+
+    mem = HostMemory()
+    fill(mem, 0, 0x10000, 2)
+    a, n = BAD - 253, 0x300
+    got_rd, _, _, state, _ = run_host_if(W=W, rings=(128,), n_write=1, reads=[[(a, n, 1)]],
+                                         mem=mem, fail=fail, seed=4)
+    nbeats = -(-n // W)
+    assert state["beat_errs"][0][0] == [int(min(a + (i + 1) * W, a + n) > BAD)
+                                        for i in range(nbeats)]
+    assert got_rd[0][0][2] == 1
+    good = (BAD - a) // W * W                    # bytes in the words before the straddling one
+    assert got_rd[0][0][1][:good] == mem.read(a, good)
+
+
 def test_read_does_not_pass_earlier_write():
     """Each read is asked for right after the write of the same bytes was handed over (its
     last beat taken), while the other writer keeps the write engine busy: it always returns

@@ -19,7 +19,8 @@ def run(script, n_cycles, timeouts=(1, 1, 1, 1)):
         for cyc in range(n_cycles):
             ins = script(cyc)
             ctx.set(dut.kick, ins.get("kick", 0))
-            ctx.set(dut.armed, ins.get("armed", 0))
+            # armed is answered for the QP the timer scans (to_index)
+            ctx.set(dut.armed, (ins.get("armed", 0) >> ctx.get(dut.to_index)) & 1)
             rnr = ins.get("rnr")
             ctx.set(dut.rnr.valid, rnr is not None)
             if rnr is not None:
