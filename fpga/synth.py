@@ -70,7 +70,7 @@ class _FlatPorts(wiring.Component):
 
 
 def _host_if(cfg):
-    """The NIC's host interface (DMA read and write engines) as hw/rnic.py builds it: the
+    """The NIC's host interface (DMA read and write engines) as hw/rnic/node.py builds it: the
     node's 5 read clients with their rings and largest requests, 4 write clients."""
     from hw.dma.host_if import HostInterface
     from hw.regmap import DMA_WRITE_CLIENTS

@@ -55,6 +55,10 @@ class NicConfig:
     desc_depth      request-packet headers queued between the send engine and the emitter.
     bf_entries      BlueFlame WQEs held until the send engine takes them.
     read_buffers    the responder's READ payload ring, in MTUs.
+    pay_buffers     the requester's payload buffer (hw/rnic/packet_emitter.py), in MTUs:
+                    payload reads of that many packets may be in flight or buffered.
+    gate_depth      completions and responses each write gate holds while the host answers
+                    the writes before them (hw/lib/write_gate.py; requester and responder).
     replay_slots    the responder's atomic replay cache, results kept per QP: 16, at least
                     ``max_rd_atomic`` (a retransmitted atomic must still be in it); other
                     values need a wider replay pointer in the responder's QP state.
@@ -98,6 +102,8 @@ class NicConfig:
     desc_depth: int = 8
     bf_entries: int = 4
     read_buffers: int = 4
+    pay_buffers: int = 4
+    gate_depth: int = 64
     replay_slots: int = 16
     atomic_inflight: int = 4
     rq_prefetch: int = 4
@@ -133,6 +139,8 @@ class NicConfig:
         _check_pow2("desc_depth", self.desc_depth, 2, 64)
         _check_range("bf_entries", self.bf_entries, 1, 16)
         _check_pow2("read_buffers", self.read_buffers, 2, 16)
+        _check_range("pay_buffers", self.pay_buffers, 1, 16)
+        _check_pow2("gate_depth", self.gate_depth, 2, 1024)
         _check_range("atomic_inflight", self.atomic_inflight, 1, 16)
         _check_range("rq_prefetch", self.rq_prefetch, 1, 16)
         if self.replay_slots != 16:

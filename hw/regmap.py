@@ -208,7 +208,7 @@ class Counter(enum.IntEnum):
 
 def register_map(n_doorbells):
     """The NIC's MMIO register map (hw/lib/csr.py): one window per block behind the bus
-    decoder of hw/rnic.py. Windows may not overlap (``RegisterMap.add`` raises
+    decoder of hw/rnic/node.py. Windows may not overlap (``RegisterMap.add`` raises
     ``ValueError``); ``n_doorbells`` sizes the doorbell and BlueFlame windows."""
     from .lib.csr import RegisterMap      # here: hw.lib.csr imports hw.interfaces, which imports this
     rm = RegisterMap(MMIO_ADDR_WIDTH)
@@ -228,7 +228,7 @@ def register_map(n_doorbells):
     return rm
 
 
-#: The NIC's DMA clients, in port order (hw/rnic.py), with their counter names.
+#: The NIC's DMA clients, in port order (hw/rnic/node.py), with their counter names.
 DMA_READ_CLIENTS = ("WQE", "PAYLOAD", "RESP_DATA", "RECV_WQE", "ATOMIC", "ICM", "WQE_REREAD")
 DMA_WRITE_CLIENTS = ("REQ_DATA", "RESP_DATA", "ATOMIC", "CQE", "ICM")
 

@@ -27,12 +27,13 @@ Structure
       A QP with a batch in flight is not scheduled again, applies no QP event, and is not
       flushed until the batch is done; a flush fetches its WQEs by itself, when no batch is
       in flight;
-    * for every request packet the engine queues its header (a FIFO of :data:`DESC_DEPTH`
-      descriptors) and requests its payload from host memory; a packet emitter sends each
-      header followed by its payload. The payload buffer (four MTUs) has room reserved for
-      every requested byte, so DMA read data is never back-pressured and the payload reads
-      of successive packets overlap; a header leaves only once its whole payload is in the
-      buffer (store and forward), so a packet on ``tx`` never waits on host memory;
+    * for every request packet the engine queues its header and requests its payload from
+      host memory; the packet emitter (:class:`~hw.rnic.packet_emitter.PacketEmitter`: a
+      FIFO of ``desc_depth`` headers, a payload buffer of ``pay_buffers`` MTUs) sends each
+      header followed by its payload. The buffer has room reserved for every requested
+      byte, so DMA read data is never back-pressured and the payload reads of successive
+      packets overlap; a header leaves only once its whole payload is in the buffer (store
+      and forward), so a packet on ``tx`` never waits on host memory;
     * a memory of ``n_qps * max_outstanding`` entries holds each QP's in-order list of sent
       messages (:data:`TRACKER_ENTRY`);
     * the lkey of a WQE with a local buffer is looked up on ``mr`` (``CtxLookup``, request /
@@ -166,7 +167,7 @@ from .config import NicConfig
 from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .arbiter import StreamArbiter
 from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
-                         DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent, beat_layout)
+                         DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent)
 from .lib.encoder import first_set
 from .lib.mem_array import MemArray
 from .lib.reg_array import RegArray
@@ -175,6 +176,7 @@ from .retry_timer import RetryTimer, TICK_NS
 from .scheduler import Scheduler
 from .wqe_fetch import WqeFetch
 from .ctx.wqe_cache import WqeCache, WQE_INFO
+from .rnic.packet_emitter import PacketEmitter
 from .bf_buffer import BlueFlameBuffer, SQ_BF
 
 __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH"]
@@ -263,9 +265,7 @@ class Requester(wiring.Component):
         MO = cfg.max_outstanding
         mo_bits = exact_log2(MO)
         mtu_bits = exact_log2(cfg.mtu)
-        w_bits = exact_log2(W)
         K = cfg.wqe_batch
-        pay_beats = 4 * cfg.mtu // W          # payload buffer: four full packets
 
         m.submodules.sched = sched = Scheduler(nq)
         KF = self.fetch_depth
@@ -274,12 +274,12 @@ class Requester(wiring.Component):
         # responses come back in that order): {qpn, count}
         m.submodules.fq = fq = SyncFIFOBuffered(width=self.qpn_bits + 3, depth=KF)
         wiring.connect(m, fetch.dma, wiring.flipped(self.wqe_rd))
-        # send engine -> packet emitter: header descriptors and payload beats
-        DESC = data.StructLayout({"meta": formats.PKT_META, "qpn": self.qpn_bits, "slot": mo_bits})
-        m.submodules.desc = desc = SyncFIFOBuffered(width=DESC.size, depth=cfg.desc_depth)
-        m.submodules.payf = payf = SyncFIFOBuffered(width=beat_layout(W).size, depth=pay_beats)
-        # per packet in payf: did the host fail its payload read
-        m.submodules.pay_err = pay_err = SyncFIFOBuffered(width=1, depth=pay_beats)
+        # send engine -> packet emitter (hw/rnic/packet_emitter.py): header descriptors,
+        # payload beats, store and forward
+        m.submodules.emit = emit = PacketEmitter(cfg)
+        desc = emit.desc
+        wiring.connect(m, emit.tx, wiring.flipped(self.tx))
+        wiring.connect(m, wiring.flipped(self.pay_rd.rd), emit.pay)
 
         m.submodules.trk = trk = memory.Memory(shape=TRACKER_ENTRY, depth=nq * MO, init=[])
         trk_rd = trk.read_port(domain="comb")      # send FSM: head of cur (flush)
@@ -395,7 +395,6 @@ class Requester(wiring.Component):
         cur = Signal(self.qpn_bits)
         flushing = Signal()
         batch_left = Signal(range(K + 1))   # WQEs of the current batch not yet taken
-        pay_res = Signal(range(pay_beats + 1))   # payload buffer beats requested, not yet sent
         wqe = Signal(formats.WQE)
         wqe_err = Signal()           # the host failed the read of this WQE: not to be used
         cqe_reg = Signal(formats.CQE)
@@ -405,8 +404,6 @@ class Requester(wiring.Component):
         seg_first = Signal()
         meta_done = Signal()
         req_done = Signal()
-        pay_fits = Signal()
-        pay_take = Signal()
         # ---------------- response FSM registers
         rxm = Signal(formats.PKT_META)
         rcqe_reg = Signal(formats.CQE)
@@ -431,10 +428,10 @@ class Requester(wiring.Component):
         m.d.comb += nonempty.eq(count(cur) != 0)
         # a payload error names its message's tracker slot (perr_slot), else the head
         in_perr = Signal()
-        perr_v = Signal()
-        perr_q = Signal(self.qpn_bits)
-        perr_slot = Signal(mo_bits)
-        perr_psn = Signal(24)
+        perr_v = emit.perr.valid
+        perr_q = emit.perr.payload.qpn
+        perr_slot = emit.perr.payload.slot
+        perr_psn = emit.perr.payload.psn
         r_slot = Signal(mo_bits)
         m.d.comb += [r_slot.eq(Mux(in_perr, perr_slot, head[rcur][:mo_bits])),
                      trk_rrd.addr.eq(Cat(r_slot, rcur))]
@@ -512,7 +509,7 @@ class Requester(wiring.Component):
         # wrote for its WR (READ data, atomic result) is answered by the host, and a failed
         # write turns it into LOC_PROT_ERR and its QP to ERR.
         GATE_ITEM = data.StructLayout({"req": CQE_REQUEST, "silent": 1})
-        m.submodules.gate = gate = WriteGate(GATE_ITEM, self.qpn_bits, depth=64)
+        m.submodules.gate = gate = WriteGate(GATE_ITEM, self.qpn_bits, depth=cfg.gate_depth)
         wr, wr_done = self.dma_wr.wr, self.dma_wr.done
         wiring.connect(m, wiring.flipped(self.dma_wr.done), gate.done)
         m.d.comb += gate.wr_issued.eq(wr.valid & wr.ready & wr.payload.last)
@@ -693,7 +690,8 @@ class Requester(wiring.Component):
         skip_bytes = Signal(32)      # READ resumed after skip_bytes of response data
         meta = Signal(formats.PKT_META)
         msg_slot = Signal(mo_bits)     # tracker slot of the message being sent
-        m.d.comb += desc.w_data.eq(Cat(meta, cur, msg_slot))
+        m.d.comb += [desc.payload.meta.eq(meta), desc.payload.qpn.eq(cur),
+                     desc.payload.slot.eq(msg_slot), emit.res_len.eq(seg_len)]
         m.d.comb += [
             meta.opcode.eq(bth_op),
             meta.src_node.eq(self.node_id),
@@ -1215,12 +1213,12 @@ class Requester(wiring.Component):
                 # queue the header and request the payload (if the buffer has room for it);
                 # may wait here on tx for as long as it takes: the response FSM goes on
                 m.d.comb += [
-                    desc.w_en.eq(~meta_done),
-                    self.pay_rd.req.valid.eq(~req_done & (paylen != 0) & pay_fits),
-                    pay_take.eq(self.pay_rd.req.valid & self.pay_rd.req.ready),
+                    desc.valid.eq(~meta_done),
+                    self.pay_rd.req.valid.eq(~req_done & (paylen != 0) & emit.res_fits),
+                    emit.res_take.eq(self.pay_rd.req.valid & self.pay_rd.req.ready),
                 ]
-                mdone = meta_done | desc.w_rdy
-                rdone = req_done | pay_take | (paylen == 0)
+                mdone = meta_done | desc.ready
+                rdone = req_done | emit.res_take | (paylen == 0)
                 m.d.sync += [meta_done.eq(mdone), req_done.eq(rdone)]
                 with m.If(mdone & rdone):
                     m.d.sync += [meta_done.eq(0), req_done.eq(0)]
@@ -1463,8 +1461,7 @@ class Requester(wiring.Component):
             with m.State("R_PERR"):
                 # the host failed a packet's payload read: its message (if still there, in
                 # this incarnation of the QP) fails with LOC_PROT_ERR, the QP goes to ERR
-                m.d.comb += [rx_busy.eq(1), in_perr.eq(1)]
-                m.d.sync += perr_v.eq(0)
+                m.d.comb += [rx_busy.eq(1), in_perr.eq(1), emit.perr.ready.eq(1)]
                 kills = ev_pend[rcur] & (ev_reset[rcur] | (ev_state[rcur] == formats.QpState.ERR.value))
                 there = ((perr_slot - head[rcur][:mo_bits])[:mo_bits] < count(rcur))
                 mine = (rts[rcur] & ~err[rcur] & ~kills & there & (rent.status == 0)
@@ -1502,67 +1499,6 @@ class Requester(wiring.Component):
                 m.d.comb += [rx_busy.eq(1), rx_err_v.eq(1)]
                 with m.If(rx_err_rdy):
                     m.next = "R_IDLE"
-
-        # ---------------- packet emitter: header, then its payload from the buffer
-        seg_beats = Signal(range(pay_beats + 1))
-        m.d.comb += seg_beats.eq((seg_len + (W - 1)) >> w_bits)
-        m.d.comb += pay_fits.eq(pay_res + seg_beats <= pay_beats)
-        # the DMA data always has a reserved place: taken at once
-        prd = self.pay_rd.rd
-        m.d.comb += [
-            payf.w_data.eq(Cat(prd.payload.data, prd.payload.nbytes, prd.payload.last)),
-            payf.w_en.eq(prd.valid),
-            prd.ready.eq(1),
-            pay_err.w_data.eq(prd.payload.err),
-            pay_err.w_en.eq(prd.valid & prd.payload.last),
-        ]
-        pay_pop = Signal()
-        out = Signal(DESC)
-        m.d.comb += out.eq(desc.r_data)
-        out_meta = out.meta
-        # store and forward: a header leaves only when its whole payload is in the buffer, so
-        # that whoever takes the header never waits on host memory for the rest of the packet
-        pkts_in = Signal(range(pay_beats + 1))
-        pkt_done = Signal()
-        m.d.sync += pkts_in.eq(pkts_in + (prd.valid & prd.payload.last) - pkt_done)
-        out_ok = Signal()
-        m.d.comb += out_ok.eq(desc.r_rdy & ((out_meta.paylen == 0) | ((pkts_in != 0) & pay_err.r_rdy)))
-        # a packet whose payload the host failed to read is not sent: its message fails with
-        # LOC_PROT_ERR (the response FSM marks it, perr) and its QP goes to ERR
-        bad_pay = (out_meta.paylen != 0) & pay_err.r_data
-        with m.FSM(name="emit"):
-            with m.State("META"):
-                with m.If(out_ok & bad_pay):
-                    with m.If(~perr_v):
-                        m.d.comb += [desc.r_en.eq(1), pay_err.r_en.eq(1)]
-                        m.d.sync += [perr_v.eq(1), perr_q.eq(out.qpn), perr_slot.eq(out.slot),
-                                     perr_psn.eq(out_meta.psn)]
-                        m.next = "SKIP"
-                with m.Else():
-                    m.d.comb += [
-                        self.tx.meta.valid.eq(out_ok),
-                        self.tx.meta.payload.eq(out_meta),
-                        desc.r_en.eq(self.tx.meta.ready & out_ok),
-                        pay_err.r_en.eq(self.tx.meta.ready & out_ok & (out_meta.paylen != 0)),
-                    ]
-                    with m.If(out_ok & self.tx.meta.ready & (out_meta.paylen != 0)):
-                        m.next = "DATA"
-            with m.State("SKIP"):
-                m.d.comb += [payf.r_en.eq(1), pay_pop.eq(payf.r_rdy)]
-                with m.If(payf.r_rdy & payf.r_data[-1]):        # the beat with last
-                    m.d.comb += pkt_done.eq(1)
-                    m.next = "META"
-            with m.State("DATA"):
-                m.d.comb += [
-                    self.tx.payload.valid.eq(payf.r_rdy),
-                    self.tx.payload.payload.eq(payf.r_data),
-                    payf.r_en.eq(self.tx.payload.ready),
-                    pay_pop.eq(payf.r_rdy & self.tx.payload.ready),
-                ]
-                with m.If(pay_pop & self.tx.payload.payload.last):
-                    m.d.comb += pkt_done.eq(1)
-                    m.next = "META"
-        m.d.sync += pay_res.eq(pay_res + Mux(pay_take, seg_beats, 0) - pay_pop)
 
         # ---------------- timer expirations (after the FSMs: a request set here wins)
         with m.If(timer.expire_valid):

@@ -174,7 +174,6 @@ the READ payload ring in MTUs. The replay cache holds ``cfg.replay_slots`` resul
 
 from amaranth.hdl import Cat, Module, Signal, Const, Mux
 from amaranth.lib import data, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -186,8 +185,11 @@ from .formats import (BthOpcode as Op, AethSyndrome as Syn, Access, QpState, WcO
 from .arbiter import StreamArbiter
 from .formats import CQE
 from .interfaces import (PacketOut, Lookup, CtxLookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
-                         DmaReadPort, DmaWritePort, CqeRequest, beat_layout)
+                         DmaReadPort, DmaWritePort, CqeRequest)
 from .ctx.rq_prefetch import RqPrefetch, RQ_DMA_TAG
+from .rnic.response_queue import (ResponseQueue, RESP_ENTRY, AT_RES, READ_DMA_TAG, RESP_ACK,
+                                   RESP_READ, RESP_ATOMIC, RESP_ATOMIC_PEND)
+from .lib.checks import check_pow2
 from .lib.write_gate import WriteGate
 from .regmap import mkey_index  # noqa: F401  (the MR slot computed below is the same function)
 
@@ -201,7 +203,6 @@ RNR_TIMER = 0x0E
 #: UDP source port of responses: 0xC000 | (local QPN & 0x3FFF)
 UDP_SPORT_BASE = 0xC000
 WQE_DMA_TAG = RQ_DMA_TAG
-READ_DMA_TAG = 2
 
 MSG_NONE, MSG_SEND, MSG_WRITE = 0, 1, 2
 
@@ -227,25 +228,6 @@ RSP_STATE = data.StructLayout({
 REPLAY_SLOTS = NicConfig.replay_slots
 REPLAY_ENTRY = data.StructLayout({"psn": 24, "orig": 64})
 
-#: Kinds of response descriptors. RESP_ATOMIC_PEND: the ATOMIC_ACKNOWLEDGE of an atomic
-#: still executing in the atomic unit; its original value is taken from the unit's results,
-#: in order, when the descriptor is sent (a reserved place in the ordered queue).
-RESP_ACK, RESP_READ, RESP_ATOMIC, RESP_ATOMIC_PEND = 0, 1, 2, 3
-
-#: One entry of the ordered response queue.
-RESP_ENTRY = data.StructLayout({
-    "kind": 2,        # RESP_ACK (ACK / NAK / RNR NAK), RESP_READ, RESP_ATOMIC(_PEND)
-    "psn": 24,        # PSN of the (first) response
-    "syn": 8,         # AETH syndrome (READ: ACK)
-    "msn": 24,        # AETH MSN
-    "dest_node": 8,
-    "dest_qpn": 24,
-    "udp_sport": 16,
-    "arg": 64,        # READ: virtual address; ATOMIC: original value
-    "len": 32,        # READ: DMA length
-    "qpn": 24,        # the local QP
-})
-
 #: What the FSM announces, in order, through the write gate (a CQE or a response descriptor):
 #: nothing leaves before the payload written before it is answered.
 ITEM_CQE, ITEM_RESP = 0, 2
@@ -260,9 +242,7 @@ class Responder(wiring.Component):
             raise ValueError(f"cfg must be a hw.config.NicConfig, not {cfg!r}")
         if read_buffers is None:
             read_buffers = cfg.read_buffers
-        if (not isinstance(read_buffers, int) or isinstance(read_buffers, bool)
-                or not 2 <= read_buffers <= 16 or read_buffers & (read_buffers - 1)):
-            raise ValueError(f"read_buffers must be a power of two in [2, 16], not {read_buffers!r}")
+        check_pow2("read_buffers", read_buffers, 2, 16)
         self.cfg = cfg
         self.read_buffers = read_buffers
         W = cfg.data_bytes
@@ -309,14 +289,13 @@ class Responder(wiring.Component):
         AT_CTX = data.StructLayout({"qpn": max(1, qb), "rp": 4, "psn": 24})
         m.submodules.atomic = atomic = AtomicUnit(W, inflight=cfg.atomic_inflight,
                                                   ctx_bits=AT_CTX.size, owner_bits=max(1, qb))
-        # results not yet sent: at most n_qps * REPLAY_SLOTS atomics are outstanding from a
-        # conforming peer (max_rd_atomic <= 16 per QP), so the unit never waits for room
-        at_depth = cfg.n_qps * REPLAY_SLOTS
-        AT_RES = data.StructLayout({"orig": 64, "err": 1})
-        m.submodules.at_res = at_res = SyncFIFOBuffered(width=AT_RES.size, depth=at_depth)
+        # the ordered response queue, its READ prefetcher and transmitter
+        # (hw/rnic/response_queue.py); it also queues the atomic unit's results
+        m.submodules.resp = rq = ResponseQueue(cfg, self.read_buffers)
+        at_depth = rq.at_depth
         at_out = Signal(range(at_depth + 1))   # dispatched, their response not yet sent
         at_disp = Signal()                     # the FSM dispatches an atomic
-        at_sent = Signal()                     # the transmitter sends a RESP_ATOMIC_PEND
+        at_sent = rq.at_sent                   # the transmitter sends a RESP_ATOMIC_PEND
         m.d.sync += at_out.eq(at_out + at_disp - at_sent)
 
         # ---- per-QP state and receive-queue producer indices --------------------------
@@ -333,14 +312,15 @@ class Responder(wiring.Component):
         at_o = atomic.o.payload
         at_ctx = AT_CTX(at_o.ctx)
         m.d.comb += [
-            atomic.o.ready.eq(at_res.w_rdy),
-            at_res.w_en.eq(atomic.o.valid),
-            at_res.w_data.eq(Cat(at_o.orig, at_o.err)),
+            atomic.o.ready.eq(rq.at_result.ready),
+            rq.at_result.valid.eq(atomic.o.valid),
+            rq.at_result.payload.orig.eq(at_o.orig),
+            rq.at_result.payload.err.eq(at_o.err),
             # remember the result for a duplicate of this request (not after a failure)
             rc_wr.addr.eq(Cat(at_ctx.rp, at_ctx.qpn[:qb])),
             rc_wr.data.psn.eq(at_ctx.psn),
             rc_wr.data.orig.eq(at_o.orig),
-            rc_wr.en.eq(atomic.o.valid & at_res.w_rdy & ~at_o.err),
+            rc_wr.en.eq(atomic.o.valid & rq.at_result.ready & ~at_o.err),
         ]
         pi_rd = pi_mem.read_port(domain="comb")
         pi_wr = pi_mem.write_port()
@@ -480,42 +460,19 @@ class Responder(wiring.Component):
 
         n_resp = Mux(pk.dma_len == 0, 1, (pk.dma_len + (mtu - 1)) >> exact_log2(mtu))
 
-        # ---- the ordered response queue (rule 1 of "Deadlock freedom") ----------------
-        qd = cfg.n_qps * cfg.max_outstanding
-        qk = exact_log2(qd)
-        m.submodules.resp_q = resp_q = Memory(shape=RESP_ENTRY, depth=qd, init=[])
-        q_wr = resp_q.write_port()
-        q_rp = resp_q.read_port(domain="sync", transparent_for=(q_wr,))    # prefetcher
-        q_rt = resp_q.read_port(domain="sync", transparent_for=(q_wr,))    # transmitter
-        q_w = Signal(qk + 1)           # free-running pointers: write >= prefetch >= transmit
-        q_p = Signal(qk + 1)
-        q_t = Signal(qk + 1)
-        q_full = (q_w - q_t)[:qk + 1] == qd
-        q_push = Signal()              # the gate's output offers q_entry
-        q_over = Signal()              # ... as a replacement of the newest entry (coalesced ACK)
-        q_entry = Signal(RESP_ENTRY)
-        m.d.comb += [
-            q_wr.addr.eq(Mux(q_over, q_w - 1, q_w)[:qk]),
-            q_wr.data.eq(q_entry),
-            q_wr.en.eq((q_push & ~q_full) | q_over),
-            self.stat_resp_full.eq(q_push & q_full & ~q_over),
-            self.stat_coalesce.eq(q_over),
-        ]
-        with m.If(q_push & ~q_full & ~q_over):
-            m.d.sync += q_w.eq(q_w + 1)
-        # ACK coalescing: the newest entry is a positive ACK of QP la_qpn, not yet sent
-        la_valid = Signal()
-        la_qpn = Signal(qb)
-        with m.If(q_wr.en):
-            m.d.sync += [la_valid.eq((q_entry.kind == RESP_ACK) & (q_entry.syn == Syn.ACK.value)),
-                         la_qpn.eq(q_entry.qpn)]
-        # the newest entry is neither sent nor offered on tx: at least two entries queued
-        q_two = (q_w - q_t)[:qk + 1] >= 2
+        # ---- the ordered response queue (rule 1 of "Deadlock freedom"): ResponseQueue
+        q_entry = rq.push.payload
+        m.d.comb += [rq.node_id.eq(self.node_id),
+                     self.stat_resp_full.eq(rq.stat_resp_full),
+                     self.stat_coalesce.eq(rq.stat_coalesce),
+                     self.stat_nak.eq(rq.stat_nak)]
+        wiring.connect(m, rq.rd, wiring.flipped(self.rd_data))
+        wiring.connect(m, rq.tx, wiring.flipped(self.tx))
 
         # ---- the write gate: CQEs, QP errors and responses leave once the payload writes
         # before them are answered; a failed write turns the QP's next response into a NAK
         # (remote operational error) and its CQEs into LOC_PROT_ERR
-        m.submodules.gate = gate = WriteGate(RSP_ITEM, qb, depth=64)
+        m.submodules.gate = gate = WriteGate(RSP_ITEM, qb, depth=cfg.gate_depth)
         wr = self.wr.wr
         wiring.connect(m, wiring.flipped(self.wr.done), gate.done)
         m.d.comb += gate.wr_issued.eq(wr.valid & wr.ready & wr.payload.last)
@@ -523,8 +480,9 @@ class Responder(wiring.Component):
         # set_err: the gate's output (a failed write), the transmitter (a failed READ), the FSM
         m.submodules.err_arb = err_arb = StreamArbiter(data.StructLayout({"qpn": 24}), 3)
         wiring.connect(m, err_arb.o, wiring.flipped(self.set_err))
-        dma_err_fsm, dma_err_gate, dma_err_tx = Signal(), Signal(), Signal()
-        m.d.comb += self.stat_dma_err.eq(dma_err_fsm + dma_err_gate + dma_err_tx)
+        dma_err_fsm, dma_err_gate = Signal(), Signal()
+        m.d.comb += self.stat_dma_err.eq(dma_err_fsm + dma_err_gate + rq.stat_dma_err)
+        wiring.connect(m, rq.set_err, err_arb.i[1])
 
         def push(kind, psn, syn, msn, arg=0, length=0):
             """Offer one response descriptor to the gate; returns when it is taken."""
@@ -946,8 +904,8 @@ class Responder(wiring.Component):
                                                          RESP_ATOMIC_PEND, RESP_ACK)),
                                      q_entry.syn.eq(Syn.NAK_REM_OP_ERR.value)]
                         with m.If(~d_nak_sent):
-                            m.d.comb += q_push.eq(1)
-                            with m.If(~q_full):
+                            m.d.comb += rq.push.valid.eq(1)
+                            with m.If(rq.push.ready):
                                 m.d.sync += d_nak_sent.eq(1)
                         with m.Else():
                             m.d.comb += [err_arb.i[0].valid.eq(1),
@@ -956,223 +914,9 @@ class Responder(wiring.Component):
                                          dma_err_gate.eq(err_arb.i[0].ready)]
                             with m.If(err_arb.i[0].ready):
                                 m.d.sync += d_nak_sent.eq(0)
-                    with m.Elif(la_valid & (la_qpn == g.key) & (gitem.resp.kind == RESP_ACK)
-                                & (gitem.resp.syn == Syn.ACK.value) & q_two):
-                        # coalesced ACK: replaces the same QP's queued, not yet sent ACK
-                        m.d.comb += [q_over.eq(1), gate.o.ready.eq(1)]
                     with m.Else():
-                        m.d.comb += [q_push.eq(1), gate.o.ready.eq(~q_full)]
-
-        # ---- READ payload ring (rule 2 of "Deadlock freedom") --------------------------
-        cap = self.read_buffers * mtu // W            # beats; a power of two
-        ck = exact_log2(cap)
-        m.submodules.ring = ring = Memory(shape=beat_layout(W), depth=cap, init=[])
-        ring_wr = ring.write_port()
-        ring_rd = ring.read_port(domain="sync", transparent_for=())
-        r_wp = Signal(ck)                  # next beat written by DMA data
-        r_rp = Signal(ck)                  # next beat sent
-        r_used = Signal(range(cap + 1))    # beats reserved (requested, not yet sent)
-        r_alloc = Signal(range(mtu // W + 1))
-        r_free = Signal()
-        n_filled = Signal(ck + 1)          # packets completely in the ring (free running)
-        n_sent = Signal(ck + 1)            # packets whose payload has been sent
-        m.d.sync += r_used.eq(r_used + r_alloc - r_free)
-        # per packet in the ring: did the host fail its read
-        m.submodules.pkt_err = pkt_err = SyncFIFOBuffered(width=1, depth=cap)
-        resp = self.rd_data.rd
-        m.d.comb += [resp.ready.eq(1), pkt_err.w_data.eq(resp.payload.err),
-                     pkt_err.w_en.eq(resp.valid & resp.payload.last)]
-        with m.If(resp.valid):
-            m.d.comb += [
-                ring_wr.addr.eq(r_wp),
-                ring_wr.data.data.eq(resp.payload.data),
-                ring_wr.data.nbytes.eq(resp.payload.nbytes),
-                ring_wr.data.last.eq(resp.payload.last),
-                ring_wr.en.eq(1),
-            ]
-            m.d.sync += r_wp.eq(r_wp + 1)
-            with m.If(resp.payload.last):
-                m.d.sync += n_filled.eq(n_filled + 1)
-
-        # ---- read prefetcher: walks the response queue, requests READ data ----------
-        p_adv = Signal()
-        p_pend = Signal()              # the prefetcher passes a RESP_ATOMIC_PEND
-        p_ahead = Signal(range(at_depth + 1))   # ... passed, not yet sent
-        m.d.sync += p_ahead.eq(p_ahead + p_pend - at_sent)
-        m.d.comb += q_rp.addr.eq((q_p + p_adv)[:qk])    # data of entry q_p in the next cycle
-        m.d.sync += q_p.eq(q_p + p_adv)
-        pe = q_rp.data
-        pf_addr = Signal(64)
-        pf_rem = Signal(32)
-        pf_chunk = Mux(pf_rem > mtu, mtu, pf_rem)
-        pf_beats = (pf_chunk + (W - 1)) >> exact_log2(W)
-        p_req = self.rd_data.req
-        with m.FSM(name="prefetch") as pf_fsm:
-            with m.State("SCAN"):
-                with m.If(q_p != q_w):
-                    with m.If((pe.kind == RESP_READ) & (pe.len != 0)):
-                        m.d.sync += [pf_addr.eq(pe.arg), pf_rem.eq(pe.len)]
-                        m.next = "ISSUE"
-                    with m.Elif(pe.kind == RESP_ATOMIC_PEND):
-                        # not past an atomic still executing: a later READ must read what
-                        # the atomic wrote (and the transmitter then never waits for it)
-                        with m.If(at_res.level > p_ahead):
-                            m.d.comb += [p_adv.eq(1), p_pend.eq(1)]
-                    with m.Else():
-                        m.d.comb += p_adv.eq(1)
-            with m.State("ISSUE"):
-                m.d.comb += [
-                    p_req.valid.eq(cap - r_used >= pf_beats),
-                    p_req.payload.addr.eq(pf_addr),
-                    p_req.payload.len.eq(pf_chunk),
-                    p_req.payload.tag.eq(READ_DMA_TAG),
-                ]
-                with m.If(p_req.valid & p_req.ready):
-                    m.d.comb += r_alloc.eq(pf_beats)
-                    m.d.sync += [pf_addr.eq(pf_addr + pf_chunk), pf_rem.eq(pf_rem - pf_chunk)]
-                    with m.If(pf_rem <= mtu):
-                        m.d.comb += p_adv.eq(1)
-                        m.next = "SCAN"
-
-        # ---- response transmitter: the queue in order, READ packets store-and-forward
-        tm = self.tx.meta.payload
-        t_adv = Signal()
-        m.d.comb += q_rt.addr.eq((q_t + t_adv)[:qk])
-        m.d.sync += q_t.eq(q_t + t_adv)
-        te = q_rt.data
-        rd = Signal(RESP_ENTRY)
-        x_rem = Signal(32)
-        x_psn = Signal(24)
-        x_first = Signal()
-        x_bad = Signal()               # a packet of this READ could not be read from memory
-        x_chunk = Mux(x_rem > mtu, mtu, x_rem)
-        x_last = x_rem <= mtu
-        r_fire = Signal()
-        m.d.comb += [
-            ring_rd.addr.eq(r_rp + r_fire),
-            tm.src_node.eq(self.node_id),
-        ]
-        with m.FSM(name="rtx"):
-            with m.State("IDLE"):
-                # only entries the prefetcher has passed or is working on (a READ whose
-                # packets are being requested; each header waits for its payload below)
-                with m.If((q_t != q_p) | pf_fsm.ongoing("ISSUE")):
-                    with m.If(te.kind == RESP_READ):
-                        m.d.sync += [rd.eq(te), x_rem.eq(te.len), x_psn.eq(te.psn), x_first.eq(1),
-                                     x_bad.eq(0)]
-                        m.next = "META"
-                    with m.Else():
-                        # an atomic's acknowledge: from the descriptor (a duplicate answered
-                        # from the replay cache) or the unit's next result; a failed one
-                        # (the host failed its read or write, or a payload write before it)
-                        # is a NAK, remote operational error (IBA 9.7.5.2.4), QP to ERR
-                        pend = te.kind == RESP_ATOMIC_PEND
-                        res = AT_RES(at_res.r_data)
-                        res_bad = pend & res.err
-                        syn = Mux(res_bad, Syn.NAK_REM_OP_ERR.value, te.syn)
-                        is_at = ((te.kind == RESP_ATOMIC) | pend) & (syn == Syn.ACK.value)
-                        m.d.comb += [
-                            self.tx.meta.valid.eq(~pend | at_res.r_rdy),
-                            tm.dst_node.eq(te.dest_node),
-                            tm.dest_qpn.eq(te.dest_qpn),
-                            tm.udp_sport.eq(te.udp_sport),
-                            tm.opcode.eq(Mux(is_at, Op.ATOMIC_ACKNOWLEDGE.value, Op.ACKNOWLEDGE.value)),
-                            tm.psn.eq(te.psn),
-                            tm.syndrome.eq(syn),
-                            tm.msn.eq(te.msn),
-                            tm.orig.eq(Mux(is_at, Mux(pend, res.orig, te.arg), 0)),
-                        ]
-                        with m.If(self.tx.meta.valid & self.tx.meta.ready):
-                            m.d.comb += [
-                                t_adv.eq(1),
-                                self.stat_nak.eq(~is_at & (syn != Syn.ACK.value)),
-                                at_res.r_en.eq(pend),
-                                at_sent.eq(pend),
-                            ]
-                            with m.If(res_bad & (te.syn == Syn.ACK.value)):
-                                m.d.comb += dma_err_tx.eq(1)
-                                m.d.sync += rd.eq(te)
-                                m.next = "ERRQ"
-            with m.State("META"):
-                has_aeth = x_first | x_last
-                filled = (n_filled != n_sent) & pkt_err.r_rdy
-                # the host failed this packet's read: a NAK (remote operational error, IBA
-                # 9.7.5.2.4) at its PSN instead, the rest of the READ is dropped, QP to ERR
-                failed = (x_chunk != 0) & filled & (pkt_err.r_data | x_bad)
-                with m.If(failed):
-                    with m.If(x_bad):
-                        m.d.comb += pkt_err.r_en.eq(1)
-                        m.next = "SKIP"
-                    with m.Else():
-                        m.d.comb += [
-                            self.tx.meta.valid.eq(1),
-                            tm.dst_node.eq(rd.dest_node),
-                            tm.dest_qpn.eq(rd.dest_qpn),
-                            tm.udp_sport.eq(rd.udp_sport),
-                            tm.opcode.eq(Op.ACKNOWLEDGE.value),
-                            tm.psn.eq(x_psn),
-                            tm.syndrome.eq(Syn.NAK_REM_OP_ERR.value),
-                            tm.msn.eq(rd.msn),
-                        ]
-                        with m.If(self.tx.meta.ready):
-                            m.d.comb += [pkt_err.r_en.eq(1), self.stat_nak.eq(1),
-                                         dma_err_tx.eq(1)]
-                            m.d.sync += x_bad.eq(1)
-                            m.next = "SKIP"
-                with m.Else():
-                    m.d.comb += [
-                        # store and forward: the header leaves once its payload is in the ring
-                        self.tx.meta.valid.eq((x_chunk == 0) | filled),
-                        tm.dst_node.eq(rd.dest_node),
-                        tm.dest_qpn.eq(rd.dest_qpn),
-                        tm.udp_sport.eq(rd.udp_sport),
-                        tm.opcode.eq(Mux(x_first,
-                                         Mux(x_last, Op.READ_RESPONSE_ONLY.value, Op.READ_RESPONSE_FIRST.value),
-                                         Mux(x_last, Op.READ_RESPONSE_LAST.value, Op.READ_RESPONSE_MIDDLE.value))),
-                        tm.psn.eq(x_psn),
-                        tm.syndrome.eq(Mux(has_aeth, Syn.ACK.value, 0)),
-                        tm.msn.eq(Mux(has_aeth, rd.msn, 0)),
-                        tm.paylen.eq(x_chunk),
-                    ]
-                    with m.If(self.tx.meta.valid & self.tx.meta.ready):
-                        with m.If(x_chunk != 0):
-                            m.d.comb += pkt_err.r_en.eq(1)
-                            m.next = "DATA"
-                        with m.Else():
-                            m.next = "NEXT"
-            with m.State("SKIP"):
-                # the payload of a packet not sent
-                m.d.comb += [r_fire.eq(1), r_free.eq(1)]
-                m.d.sync += r_rp.eq(r_rp + 1)
-                with m.If(ring_rd.data.last):
-                    m.d.sync += n_sent.eq(n_sent + 1)
-                    m.next = "NEXT"
-            with m.State("DATA"):
-                m.d.comb += [
-                    self.tx.payload.valid.eq(1),
-                    self.tx.payload.payload.eq(ring_rd.data),
-                    r_fire.eq(self.tx.payload.ready),
-                    r_free.eq(self.tx.payload.ready),
-                ]
-                with m.If(r_fire):
-                    m.d.sync += r_rp.eq(r_rp + 1)
-                    with m.If(ring_rd.data.last):
-                        m.d.sync += n_sent.eq(n_sent + 1)
-                        m.next = "NEXT"
-            with m.State("NEXT"):
-                m.d.sync += [x_rem.eq(x_rem - x_chunk), x_psn.eq(x_psn + 1), x_first.eq(0)]
-                with m.If(x_last):
-                    m.d.comb += t_adv.eq(1)
-                    with m.If(x_bad):
-                        m.next = "ERRQ"
-                    with m.Else():
-                        m.next = "IDLE"
-                with m.Else():
-                    m.next = "META"
-            with m.State("ERRQ"):
-                m.d.comb += [err_arb.i[1].valid.eq(1), err_arb.i[1].payload.qpn.eq(rd.qpn)]
-                with m.If(err_arb.i[1].ready):
-                    m.next = "IDLE"
+                        # appended, or a coalesced ACK replacing the same QP's queued one
+                        m.d.comb += [rq.push.valid.eq(1), gate.o.ready.eq(rq.push.ready)]
 
         with m.If(kill_now & ~fsm.ongoing("IDLE")):
             m.d.sync += killed.eq(1)

@@ -7,7 +7,7 @@ as malformed). The expected outcome is never guessed from the mutation: it is co
 :func:`sim.roce.classify`, the Python reference of ``hw/depacketizer.py`` (same check order:
 structural errors, then the ICRC, then header errors; InfiniBand Architecture Specification
 vol. 1 rel. 1.4, 9.6 packet header validation and Annex A17 RoCEv2), with the depacketizer's
-``max_frame_bytes`` (``mtu + 128`` in ``hw/rnic.py``). Frames that must pass the ICRC check
+``max_frame_bytes`` (``mtu + 128`` in ``hw/rnic/node.py``). Frames that must pass the ICRC check
 carry a correct ICRC (``sim.roce.encode`` / :func:`fix_icrc`).
 
 For frames that pass the depacketizer the generator also says what the receive demultiplexer

@@ -25,6 +25,8 @@ def test_presets_exist():
     ({"desc_depth": 6}, r"desc_depth must be a power of two in \[2, 64\], not 6"),
     ({"bf_entries": 17}, r"bf_entries must be an integer in \[1, 16\], not 17"),
     ({"read_buffers": 1}, r"read_buffers must be a power of two in \[2, 16\], not 1"),
+    ({"pay_buffers": 0}, r"pay_buffers must be an integer in \[1, 16\], not 0"),
+    ({"gate_depth": 48}, r"gate_depth must be a power of two in \[2, 1024\], not 48"),
     ({"replay_slots": 32}, r"replay_slots must be 16 \(the responder's replay pointer is 4 bits\), not 32"),
     ({"doorbell_fifo_depth": 3}, r"doorbell_fifo_depth must be a power of two in \[2, 256\], not 3"),
     ({"atomic_inflight": 0}, r"atomic_inflight must be an integer in \[1, 16\], not 0"),

@@ -9,7 +9,7 @@ engine) hands a request over on ``cmd``; it reaches the NIC's MMIO port
 same in both.
 
 MMIO requests do not share the link model's bandwidth with DMA completions (the NIC counts
-their bytes, ``hw/rnic.py``); see docs/host-interface.md.
+their bytes, ``hw/rnic/node.py``); see docs/host-interface.md.
 
 Parameters: ``latency_cycles`` in [0, 2**24], ``depth`` (requests in flight, power of two).
 

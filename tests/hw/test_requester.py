@@ -777,7 +777,8 @@ def test_wqe_reread_fails():
 
 
 @pytest.mark.parametrize("kw", [dict(wqe_batch=1), dict(wqe_batch=2, desc_depth=2),
-                                dict(bf_entries=1, fetch_depth=1)])
+                                dict(bf_entries=1, fetch_depth=1),
+                                dict(pay_buffers=1, gate_depth=2)])
 def test_structural_fields(kw):
     """The pipeline's structural constants are NicConfig fields: other values than the
     defaults give the same results (the mixed random test, with BlueFlame posts)."""
