@@ -17,11 +17,14 @@ raised (``event``), no completion is added to it any more (each one dropped is c
 restarts the CQ out of the error state.
 
 Producer and consumer indices are 16 bits, free running, so rings of up to 2**15 entries
-are supported.
+are supported. They stay on chip (in memories); the CQ's context (ring base, log2 size)
+lives in host memory behind the CQ-context cache (:mod:`hw.ctx.cq_cache`) and is looked up
+(request / response, ``cq``) for every completion, before its CQE is placed. A context that
+could not be read (the cache's fill failed) puts the CQ in error, like a failed CQE write.
 
 Ports
     i0, i1     In(CqeRequest())            completion requests, served round-robin
-    cq         Out(Lookup(cqn_bits, CQ_CTX)) combinational CQ context read
+    cq         Out(CtxLookup(cqn_bits, CQ_CTX)) CQ context lookup (request / response)
     cq_event   In(CqEvent())               always ready: the CQ restarts (pi = ci = 0,
                                            error cleared)
     cq_db      In(stream {cqn: 16, ci: 16}) always ready: new consumer index
@@ -41,8 +44,8 @@ from . import formats, regmap
 from .config import NicConfig
 from .lib.encoder import first_set
 from .lib.mem_array import MemArray
-from .interfaces import (AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, DmaWritePort,
-                         Lookup, QpErrRequest)
+from .interfaces import (AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, CtxLookup,
+                         DmaWritePort, QpErrRequest)
 
 __all__ = ["Completion", "CQ_DB"]
 
@@ -59,7 +62,7 @@ class Completion(wiring.Component):
         super().__init__({
             "i0": In(CqeRequest()),
             "i1": In(CqeRequest()),
-            "cq": Out(Lookup(self.cqn_bits, regmap.CQ_CTX)),
+            "cq": Out(CtxLookup(max(1, self.cqn_bits), regmap.CQ_CTX)),
             "cq_event": In(CqEvent()),
             "cq_db": In(stream.Signature(CQ_DB)),
             "dma_wr": Out(DmaWritePort(W)),
@@ -95,8 +98,10 @@ class Completion(wiring.Component):
         wdata = Signal(8 * formats.CQE_BYTES)
         beat = Signal(range(nbeats + 1))
 
-        m.d.comb += self.cq.index.eq(cur)
-        ctx = self.cq.data
+        # the CQ's context, looked up in CQ_REQ / CQ_RESP (a failed read: ctx_err)
+        m.d.comb += self.cq.req.payload.index.eq(cur)
+        ctx = Signal(regmap.CQ_CTX)
+        ctx_err = Signal()
         size = Signal(33)
         mask = Signal(32)
         m.d.comb += [size.eq(Const(1, 33) << ctx.log_size), mask.eq(size - 1)]
@@ -124,12 +129,12 @@ class Completion(wiring.Component):
                     m.d.comb += self.i1.ready.eq(1)
                     m.d.sync += [cur.eq(self.i1.payload.cqn), cqe.eq(self.i1.payload.cqe),
                                  prio.eq(0)]
-                    m.next = "LOOK"
+                    m.next = "CQ_REQ"
                 with m.Elif(self.i0.valid):
                     m.d.comb += self.i0.ready.eq(1)
                     m.d.sync += [cur.eq(self.i0.payload.cqn), cqe.eq(self.i0.payload.cqe),
                                  prio.eq(1)]
-                    m.next = "LOOK"
+                    m.next = "CQ_REQ"
             with m.State("EVENT"):
                 m.d.comb += [self.event.valid.eq(1),
                              self.event.payload.type.eq(AsyncEventType.CQ_ERR),
@@ -137,8 +142,22 @@ class Completion(wiring.Component):
                 with m.If(self.event.ready):
                     m.d.comb += set_told.eq(1 << ev_cq)
                     m.next = "IDLE"
+            with m.State("CQ_REQ"):
+                m.d.comb += self.cq.req.valid.eq(1)
+                with m.If(self.cq.req.ready):
+                    m.next = "CQ_RESP"
+            with m.State("CQ_RESP"):
+                m.d.comb += self.cq.resp.ready.eq(1)
+                with m.If(self.cq.resp.valid):
+                    m.d.sync += [ctx.eq(self.cq.resp.payload.data),
+                                 ctx_err.eq(self.cq.resp.payload.err)]
+                    m.next = "LOOK"
             with m.State("LOOK"):
-                with m.If(full | bad.bit_select(cur, 1)):
+                with m.If(ctx_err):
+                    # the CQ's context could not be read from ICM: the CQ is in error
+                    m.d.comb += [self.stat_overflow.eq(1), set_bad.eq(1 << cur)]
+                    m.next = "KILL_QP"
+                with m.Elif(full | bad.bit_select(cur, 1)):
                     # an overrun puts the CQ in error; nothing more is added to it, and the
                     # QP that needed it goes to ERR
                     m.d.comb += [self.stat_overflow.eq(1), set_bad.eq(1 << cur)]

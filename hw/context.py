@@ -11,19 +11,22 @@ command register and eight argument words, see :mod:`hw.regmap`):
   ``SET_QP`` on a QP that is not in RESET with ``CmdStatus.BAD_STATE`` (a permanent refusal;
   ``BUSY`` means "in progress, poll again" and is never returned, every command taking
   effect in one cycle);
-* the CQ context table (:data:`~hw.regmap.CQ_CTX`);
+* the CQ context table (:data:`~hw.regmap.CQ_CTX`): in host memory (ICM) too, behind the
+  CQ-context cache (:mod:`hw.ctx.cq_cache`); ``SET_CQ`` writes the context into that cache
+  (``cq_wr``) and restarts the CQ's indices (``cq_event``);
 * the memory-region table (:data:`~hw.formats.MR_ENTRY`, IBA 10.6): base, length, key,
   protection domain and access rights, checked by requester and responder on every access.
   It lives in host memory (ICM), mapped by ``MAP_ICM``, behind the MR cache
   (:mod:`hw.ctx.mr_cache`): ``SET_MR`` writes the entry into the cache (``mr_wr``), which
-  writes it back to ICM when it evicts it. ``SET_MR`` before ``MAP_ICM`` is refused with
-  ``BAD_STATE``, and so is a second ``MAP_ICM`` (the table does not move under a live cache);
+  writes it back to ICM when it evicts it. ``SET_MR`` (``SET_CQ``) before the ``MAP_ICM`` of
+  its table is refused with ``BAD_STATE``, and so is a second ``MAP_ICM`` of a table (it does
+  not move under a live cache);
 * the QP-to-doorbell-register binding used by :mod:`hw.doorbell`.
 
-The QP, CQ and doorbell-binding tables are ``lib.memory.Memory`` instances with
-combinational read ports, one per consumer. A command takes effect in the cycle the ``CMD``
-register is written, except ``SET_MR``: ``CMD`` reads ``BUSY`` until the MR cache has taken
-the entry (the driver polls, as for mlx5's command ownership bit). A command written while
+The QP and doorbell-binding tables are ``lib.memory.Memory`` instances with combinational
+read ports, one per consumer. A command takes effect in the cycle the ``CMD`` register is
+written, except ``SET_MR`` and ``SET_CQ``: ``CMD`` reads ``BUSY`` until the MR (CQ-context)
+cache has taken the entry (the driver polls, as for mlx5's command ownership bit). A command written while
 ``CMD`` reads ``BUSY`` is ignored (the driver must wait for the previous one). Accepted
 modify-QP commands, and QPs forced to ERR by the requester or responder, are broadcast on
 ``qp_event`` so that both engines reset their per-QP state; the event carries the QP's
@@ -63,7 +66,8 @@ class Context(wiring.Component):
     qp_req, qp_resp : In(Lookup)   QP context + state, for requester and responder.
     mr_wr : Out(stream)            SET_MR: {slot, entry} into the MR cache.
     icm_mr_base : Out(64)          host address of the MR table (MAP_ICM).
-    cq : In(Lookup)                CQ contexts, for the completion engine.
+    cq_wr : Out(stream)            SET_CQ: {slot, entry} into the CQ-context cache.
+    icm_cq_base : Out(64)          host address of the CQ context table (MAP_ICM).
     bind : In(Lookup)              doorbell register bound to a QP.
     qp_event : Out(QpEvent)        consumers must always be ready.
     cq_event : Out(CqEvent)        consumers must always be ready.
@@ -86,7 +90,9 @@ class Context(wiring.Component):
             "mr_wr": Out(stream.Signature(data.StructLayout({
                 "slot": self.mr_bits, "entry": MR_ENTRY}))),
             "icm_mr_base": Out(64),
-            "cq": In(Lookup(self.cqn_bits, CQ_CTX)),
+            "cq_wr": Out(stream.Signature(data.StructLayout({
+                "slot": self.cqn_bits, "entry": CQ_CTX}))),
+            "icm_cq_base": Out(64),
             "bind": In(Lookup(self.qpn_bits, DB_INDEX_BITS)),
             "qp_event": Out(QpEvent()),
             "cq_event": Out(CqEvent()),
@@ -100,10 +106,9 @@ class Context(wiring.Component):
         cfg = self.cfg
 
         m.submodules.qp_mem = qp_mem = memory.Memory(shape=QP_CTX, depth=cfg.n_qps, init=[])
-        m.submodules.cq_mem = cq_mem = memory.Memory(shape=CQ_CTX, depth=cfg.n_cqs, init=[])
         m.submodules.bind_mem = bind_mem = memory.Memory(
             shape=DB_INDEX_BITS, depth=cfg.n_qps, init=[])
-        qp_wr, cq_wr, bind_wr = (mem.write_port() for mem in (qp_mem, cq_mem, bind_mem))
+        qp_wr, bind_wr = (mem.write_port() for mem in (qp_mem, bind_mem))
 
         # QP states: a memory whose valid bits a reset clears (every QP back to RESET) with
         # one write port (a command or an error request, never both in one cycle) and a read
@@ -117,8 +122,6 @@ class Context(wiring.Component):
             rp = qp_mem.read_port(domain="comb")
             m.d.comb += [rp.addr.eq(port.index), port.data.ctx.eq(rp.data),
                          port.data.state.eq(states[port.index])]
-        rp = cq_mem.read_port(domain="comb")
-        m.d.comb += [rp.addr.eq(self.cq.index), self.cq.data.eq(rp.data)]
         ev_ctx = qp_mem.read_port(domain="comb")      # the modified QP's context, for its event
         rp = bind_mem.read_port(domain="comb")
         m.d.comb += [rp.addr.eq(self.bind.index), self.bind.data.eq(rp.data)]
@@ -153,12 +156,22 @@ class Context(wiring.Component):
                      self.mr_wr.payload.entry.eq(mr_entry), self.icm_mr_base.eq(mr_base)]
         with m.If(self.mr_wr.valid & self.mr_wr.ready):
             m.d.sync += [mr_pend.eq(0), status.eq(CmdStatus.OK)]
+        # SET_CQ in progress: the context waits for the CQ-context cache, CMD reads BUSY
+        cq_pend = Signal()
+        cq_mapped = Signal()
+        cq_base = Signal(64)
+        cq_slot = Signal(self.cqn_bits)
+        cq_entry = Signal(CQ_CTX)
+        m.d.comb += [self.cq_wr.valid.eq(cq_pend), self.cq_wr.payload.slot.eq(cq_slot),
+                     self.cq_wr.payload.entry.eq(cq_entry), self.icm_cq_base.eq(cq_base)]
+        with m.If(self.cq_wr.valid & self.cq_wr.ready):
+            m.d.sync += [cq_pend.eq(0), status.eq(CmdStatus.OK)]
         with m.If(self.bus.we):
             with m.Switch(addr):
                 with m.Case(Reg.NODE_ID):
                     m.d.sync += node_id.eq(self.bus.wdata)
                 with m.Case(Reg.CMD):
-                    m.d.comb += cmd_go.eq(~mr_pend)
+                    m.d.comb += cmd_go.eq(~mr_pend & ~cq_pend)
                 for i in range(ARG_WORDS):
                     with m.Case(ARG_BASE + 8 * i):
                         m.d.sync += args.word_select(i, 64).eq(self.bus.wdata)
@@ -185,7 +198,6 @@ class Context(wiring.Component):
 
         m.d.comb += [
             qp_wr.addr.eq(index), qp_wr.data.eq(qp_args),
-            cq_wr.addr.eq(index), cq_wr.data.eq(cq_args),
             bind_wr.addr.eq(index), bind_wr.data.eq(args[:DB_INDEX_BITS]),
         ]
 
@@ -242,9 +254,12 @@ class Context(wiring.Component):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)
                     with m.Elif(cq_args.log_size > 16):
                         m.d.sync += status.eq(CmdStatus.BAD_VALUE)
+                    with m.Elif(~cq_mapped):
+                        m.d.sync += status.eq(CmdStatus.BAD_STATE)
                     with m.Else():
-                        m.d.comb += cq_wr.en.eq(1)
-                        m.d.sync += [self.cq_event.valid.eq(1), self.cq_event.payload.cqn.eq(index)]
+                        m.d.sync += [cq_pend.eq(1), cq_slot.eq(index), cq_entry.eq(cq_args),
+                                     status.eq(CmdStatus.BUSY),
+                                     self.cq_event.valid.eq(1), self.cq_event.payload.cqn.eq(index)]
                 with m.Case(Cmd.SET_MR):
                     with m.If(index >= cfg.n_mrs):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)
@@ -256,14 +271,16 @@ class Context(wiring.Component):
                         m.d.sync += [mr_pend.eq(1), mr_slot.eq(index), mr_entry.eq(mr_args),
                                      status.eq(CmdStatus.BUSY)]
                 with m.Case(Cmd.MAP_ICM):
-                    with m.If(index != IcmTable.MR):
+                    with m.If((index != IcmTable.MR) & (index != IcmTable.CQ)):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)
                     with m.Elif(args[:12] != 0):
                         m.d.sync += status.eq(CmdStatus.BAD_VALUE)
-                    with m.Elif(mr_mapped):
+                    with m.Elif(Mux(index == IcmTable.MR, mr_mapped, cq_mapped)):
                         m.d.sync += status.eq(CmdStatus.BAD_STATE)
-                    with m.Else():
+                    with m.Elif(index == IcmTable.MR):
                         m.d.sync += [mr_mapped.eq(1), mr_base.eq(args[:64])]
+                    with m.Else():
+                        m.d.sync += [cq_mapped.eq(1), cq_base.eq(args[:64])]
                 with m.Case(Cmd.BIND_DB):
                     with m.If(index >= cfg.n_qps):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)

@@ -39,6 +39,7 @@ __all__ = ["Reg", "Cmd", "CmdStatus", "Counter", "QP_CTX", "CQ_CTX",
            "ID_VALUE", "ARG_WORDS", "DOORBELL_BASE", "COUNTER_BASE", "ARG_BASE",
            "BLUEFLAME_BASE", "BLUEFLAME_BYTES", "DMA_READ_CLIENTS", "DMA_WRITE_CLIENTS",
            "LEGAL_TRANSITIONS", "mkey_index", "IcmTable", "MR_ICM_ENTRY_BYTES",
+           "CQ_ICM_ENTRY_BYTES",
            "MMIO_ADDR_WIDTH", "CONTROL_BYTES", "register_map"]
 
 ID_VALUE = 0x524E_4943_0001
@@ -69,7 +70,7 @@ class Cmd(enum.IntEnum):
     NOP = 0
     SET_QP = 1       # index QPN, args QP_CTX; only while the QP is in RESET (else BAD_STATE)
     MODIFY_QP = 2    # index QPN, ARG0 bits 2:0 new QpState, ARG1 bits 23:0 sq_psn, 47:24 rq_psn
-    SET_CQ = 3       # index CQN, args CQ_CTX
+    SET_CQ = 3       # index CQN, args CQ_CTX; into the CQ-context cache (BUSY until taken)
     SET_MR = 4       # index MR slot, args MR_ENTRY (the key's bits 15:8 must equal the slot)
     BIND_DB = 5      # index QPN, ARG0 doorbell register number
     MAP_ICM = 6      # index IcmTable, ARG0 host address of the table (4 KB aligned); once
@@ -77,18 +78,22 @@ class Cmd(enum.IntEnum):
 
 #: Bytes per MR entry in ICM (MR_ENTRY, 24 bytes, zero-padded to a power of two).
 MR_ICM_ENTRY_BYTES = 32
+#: Bytes per CQ context in ICM (CQ_CTX, 9 bytes, zero-padded).
+CQ_ICM_ENTRY_BYTES = 32
 
 
 class IcmTable(enum.IntEnum):
     """Context tables the NIC keeps in host memory (ICM), the index of ``MAP_ICM``."""
     MR = 0           # n_mrs entries of MR_ICM_ENTRY_BYTES (32): MR_ENTRY, zero-padded
+    CQ = 1           # n_cqs entries of CQ_ICM_ENTRY_BYTES (32): CQ_CTX, zero-padded
 
 
 class CmdStatus(enum.IntEnum):
     """What ``CMD`` reads back after a command (docs/formats.md, "Command interface and status").
 
     ``BUSY`` is the only transient status: the command is still in progress and the driver
-    reads ``CMD`` again (``SET_MR`` until the MR cache has taken the entry; the other
+    reads ``CMD`` again (``SET_MR`` / ``SET_CQ`` until the MR / CQ-context cache has taken
+    the entry; the other
     commands take effect in one cycle). Every other non-OK
     status is a permanent refusal that changed nothing: the driver raises at once. The split
     follows mlx5's command statuses, where "resource busy" (``MLX5_CMD_STAT_RES_BUSY``) and
@@ -100,8 +105,8 @@ class CmdStatus(enum.IntEnum):
     BAD_TRANSITION = 2   # MODIFY_QP: (current, new) state pair not in LEGAL_TRANSITIONS
     BAD_VALUE = 3        # an argument out of range (sizes, CQ numbers, key bits, state value)
     BAD_OPCODE = 4       # no such command
-    BUSY = 5             # command in progress: read CMD again (SET_MR until the MR cache
-                         # has taken the entry)
+    BUSY = 5             # command in progress: read CMD again (SET_MR / SET_CQ until the
+                         # MR / CQ-context cache has taken the entry)
     BAD_STATE = 6        # the object is not in a state that allows this command (SET_QP
                          # on a QP that is not in RESET)
 
@@ -204,6 +209,10 @@ class Counter(enum.IntEnum):
     RQ_WQE_PREFETCHES = 79    # receive WQEs read ahead of use (hw/ctx/rq_prefetch.py) ...
     RQ_WQE_DEMAND_READS = 80  # ... read when the responder asked for them (not held)
     RQ_WQE_WAIT_CYCLES = 81   # cycles the responder waited for a receive WQE
+    CQ_CACHE_HITS = 82        # CQ-context cache (hw/ctx/cq_cache.py): lookups and SET_CQ
+    CQ_CACHE_MISSES = 83      # writes that hit, missed; evictions, write-backs of dirty
+    CQ_CACHE_EVICTIONS = 84   # entries (the ICM traffic is in RD_ICM_* / WR_ICM_*, shared
+    CQ_CACHE_WRITEBACKS = 85  # with the MR cache)
 
 
 def register_map(n_doorbells):

@@ -60,7 +60,8 @@ from hw.formats import (Access, QpState, WcOpcode, WcStatus, WrOpcode, CQE, CQE_
                         RECV_WQE_BYTES, WQE, WQE_BYTES)
 from hw.regmap import (ARG_BASE, ARG_WORDS, BLUEFLAME_BASE, BLUEFLAME_BYTES, CQ_CTX,
                        DOORBELL_BASE, COUNTER_BASE, ID_VALUE, LEGAL_TRANSITIONS,
-                       MR_ICM_ENTRY_BYTES, QP_CTX, Cmd, CmdStatus, Counter, IcmTable, Reg)
+                       MR_ICM_ENTRY_BYTES, CQ_ICM_ENTRY_BYTES, QP_CTX, Cmd, CmdStatus,
+                       Counter, IcmTable, Reg)
 
 __all__ = [
     "Memory", "Mmio", "SendFlags", "SGE", "SendWR", "RecvWR", "WC", "VerbsError",
@@ -587,6 +588,7 @@ class Context:
         self._brk = host_base
         self._top = host_base + host_size     # the allocator's end (ICM sits above it)
         self.icm_mr_base = None
+        self.icm_cq_base = None
         self._next_pd = 1
         self._mr_slots = [None] * nic_cfg.n_mrs
         self._mr_tag = 0
@@ -605,10 +607,11 @@ class Context:
     async def open(self, check_id=True):
         """Check the ``ID`` register, program ``NODE_ID`` and map the NIC's context memory.
 
-        ICM (the MR table, ``n_mrs`` entries of 32 bytes) takes the top of the host region,
-        4 KB aligned, out of the allocator's reach; the driver zeroes it (every entry
-        invalid) and hands it over with ``MAP_ICM`` (as mlx5 gives the firmware ICM pages
-        at start-up, before any object is created).
+        ICM (the MR table, ``n_mrs`` entries of 32 bytes, and the CQ context table,
+        ``n_cqs`` entries of 32 bytes) takes the top of the host region, each table 4 KB
+        aligned, out of the allocator's reach; the driver zeroes it (every entry invalid)
+        and hands each table over with ``MAP_ICM`` (as mlx5 gives the firmware ICM pages at
+        start-up, before any object is created).
         """
         if check_id:
             ident = await self.mmio_read(Reg.ID)
@@ -616,16 +619,22 @@ class Context:
                 raise VerbsError(f"ID register reads {ident:#x}, expected {ID_VALUE:#x}")
         await self.mmio_write(Reg.NODE_ID, self.node_id)
         if self.icm_mr_base is None:
-            size = self.cfg.n_mrs * MR_ICM_ENTRY_BYTES
-            base = (self._top - size) & ~0xFFF
-            if base < self._brk:
-                raise VerbsError(f"host memory exhausted: the {size}-byte MR table (ICM) does "
-                                 f"not fit above {self._brk:#x}", ENOMEM)
-            await _maybe_await(self.mem.write(base, bytes(size)))
-            await self.command(Cmd.MAP_ICM, IcmTable.MR, base.to_bytes(8, "little"))
-            self._top = base
-            self.icm_mr_base = base
+            self.icm_mr_base = await self._map_icm(IcmTable.MR, self.cfg.n_mrs * MR_ICM_ENTRY_BYTES)
+        if self.icm_cq_base is None:
+            self.icm_cq_base = await self._map_icm(IcmTable.CQ, self.cfg.n_cqs * CQ_ICM_ENTRY_BYTES)
         return self
+
+    async def _map_icm(self, table, size):
+        """Zero ``size`` bytes at the top of the host region (4 KB aligned) and hand them to
+        the NIC as ICM ``table``; returns their address."""
+        base = (self._top - size) & ~0xFFF
+        if base < self._brk:
+            raise VerbsError(f"host memory exhausted: the {size}-byte {table.name} table (ICM) "
+                             f"does not fit above {self._brk:#x}", ENOMEM)
+        await _maybe_await(self.mem.write(base, bytes(size)))
+        await self.command(Cmd.MAP_ICM, table, base.to_bytes(8, "little"))
+        self._top = base
+        return base
 
     async def command(self, cmd, index, args=b""):
         """Run one command: write the argument words, ``CMD``, then read the status.

@@ -91,17 +91,20 @@ def test_protocols_and_open():
     ctx, mmio, mem = make()
     assert isinstance(mem, Memory) and isinstance(mmio, Mmio)
     run(ctx.open())
-    # ICM: the MR table (4 slots of 32 bytes) at the top of the 1 MB region, 4 KB aligned,
-    # zeroed and mapped; the allocator stops below it
+    # ICM: the MR table (4 slots of 32 bytes) at the top of the 1 MB region, then the CQ
+    # context table (4 CQs of 32 bytes) below it, each 4 KB aligned, zeroed and mapped; the
+    # allocator stops below them
     icm = 0x10_0000 + (1 << 20) - 4096
+    icm_cq = icm - 4096
     assert mmio.log == ([("r", int(Reg.ID)), ("w", int(Reg.NODE_ID), 3)]
-                        + cmd_seq(Cmd.MAP_ICM, 0, [icm]))
+                        + cmd_seq(Cmd.MAP_ICM, 0, [icm]) + cmd_seq(Cmd.MAP_ICM, 1, [icm_cq]))
     assert ctx.icm_mr_base == icm and mem.read(icm, 128) == bytes(128)
+    assert ctx.icm_cq_base == icm_cq and mem.read(icm_cq, 128) == bytes(128)
     with pytest.raises(VerbsError, match="host memory exhausted"):
-        ctx.alloc(icm - 0x10_0000 + 1)
+        ctx.alloc(icm_cq - 0x10_0000 + 1)
     assert ctx.alloc(64) == 0x10_0000
     run(ctx.open(check_id=False))          # a second open writes NODE_ID, maps nothing again
-    assert mmio.log[5:] == [("w", int(Reg.NODE_ID), 3)]
+    assert mmio.log[8:] == [("w", int(Reg.NODE_ID), 3)]
 
 
 def test_open_rejects_wrong_id():

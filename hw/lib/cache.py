@@ -325,8 +325,19 @@ class SetAssocCache(wiring.Component):
         resp = Signal(self.resp_layout)
         m.d.comb += self.resp.payload.eq(resp)
 
-        # Tag-row decode of the row being looked at (valid one cycle after its read).
-        row = tag_rd.data
+        # Tag-row decode of the row being looked at (valid one cycle after its read). A
+        # memory keeps its contents through a reset: one bit per set, cleared by the reset
+        # and set by the set's first tag write, says whether the row has been written since;
+        # a row that has not reads as the initial row (every way invalid), so that a reset
+        # empties the cache (no stale entry is hit or written back) without a sweep.
+        row_ok = Signal(self.sets)
+        rd_ok = Signal()
+        m.d.sync += rd_ok.eq(row_ok.bit_select(tag_rd.addr, 1))
+        with m.If(tag_wr.en):
+            m.d.sync += row_ok.bit_select(tag_wr.addr, 1).eq(1)
+        row = Signal(self.row_layout)
+        m.d.comb += row.eq(Mux(rd_ok, tag_rd.data.as_value(),
+                               Const.cast(self.row_layout.const(init_row)).value))
         key = Signal(self.key_bits)
         is_fill = Signal()                      # the row is for an install, not a request
         hit_v = Signal(n)

@@ -11,6 +11,9 @@
    +-----+-----------+-----+                         |   |     |   |   |  |
          |  SET_MR   | sq_db                     requester  responder  |  (+ atomic unit)
          +--> MR cache (ICM) <-- lkey / rkey lookups -------+----------+  completion (CQEs)
+         |  SET_CQ       |                                              |
+         +--> CQ cache (ICM) <-- CQ context of every CQE ---------------+
+         |    (both caches share the icm clients: hw/ctx/icm_port.py)
          |           v
          |      +-----------+   tx meta/payload
          +----->| requester |------+---> PacketArbiter --> Packetizer ---> tx frames
@@ -40,6 +43,8 @@ from ..completion import Completion
 from ..config import NicConfig
 from ..context import Context
 from ..counters import Counters
+from ..ctx.cq_cache import CqCache
+from ..ctx.icm_port import IcmPort
 from ..ctx.mr_cache import MR_ICM_ENTRY_BYTES, MrCache
 from ..depacketizer import Depacketizer
 from ..dispatch import PacketDemux
@@ -107,6 +112,8 @@ class Rnic(wiring.Component):
 
         m.submodules.context = context = Context(cfg)
         m.submodules.mr_cache = mr_cache = MrCache(cfg)
+        m.submodules.cq_cache = cq_cache = CqCache(cfg)
+        m.submodules.icm = icm = IcmPort(2, W)
         m.submodules.doorbells = doorbells = Doorbells(cfg)
         m.submodules.counters = counters = Counters()
         m.submodules.events = events = AsyncEvents()
@@ -149,7 +156,15 @@ class Rnic(wiring.Component):
         wiring.connect(m, resp.mr, mr_cache.lk[1])
         wiring.connect(m, context.mr_wr, mr_cache.wr)
         m.d.comb += mr_cache.base.eq(context.icm_mr_base)
-        wiring.connect(m, comp.cq, context.cq)
+        # CQ contexts: in ICM too, behind the CQ-context cache
+        wiring.connect(m, comp.cq, cq_cache.lk[0])
+        wiring.connect(m, context.cq_wr, cq_cache.wr)
+        m.d.comb += cq_cache.base.eq(context.icm_cq_base)
+        # the caches share the host interface's ICM read and write clients
+        wiring.connect(m, mr_cache.dma_rd, icm.rd[0])
+        wiring.connect(m, mr_cache.dma_wr, icm.wr[0])
+        wiring.connect(m, cq_cache.dma_rd, icm.rd[1])
+        wiring.connect(m, cq_cache.dma_wr, icm.wr[1])
         wiring.connect(m, doorbells.bind, context.bind)
 
         # Events: broadcast, the engines are always ready.
@@ -173,8 +188,8 @@ class Rnic(wiring.Component):
 
         # DMA: every user has a port of its own on the host interface.
         rd_clients = (req.wqe_rd, req.pay_rd, resp.rd_data, resp.rd_wqe, resp.at_rd,
-                      mr_cache.dma_rd, req.reread_rd)
-        wr_clients = (req.dma_wr, resp.wr, resp.at_wr, comp.dma_wr, mr_cache.dma_wr)
+                      icm.dma_rd, req.reread_rd)
+        wr_clients = (req.dma_wr, resp.wr, resp.at_wr, comp.dma_wr, icm.dma_wr)
         for c, port in enumerate(rd_clients):
             wiring.connect(m, port, hif.rd[c])
         for c, port in enumerate(wr_clients):
@@ -258,6 +273,10 @@ class Rnic(wiring.Component):
             Counter.MR_CACHE_MISSES: mr_cache.stat_miss,
             Counter.MR_CACHE_EVICTIONS: mr_cache.stat_evict,
             Counter.MR_CACHE_WRITEBACKS: mr_cache.stat_writeback,
+            Counter.CQ_CACHE_HITS: cq_cache.stat_hit,
+            Counter.CQ_CACHE_MISSES: cq_cache.stat_miss,
+            Counter.CQ_CACHE_EVICTIONS: cq_cache.stat_evict,
+            Counter.CQ_CACHE_WRITEBACKS: cq_cache.stat_writeback,
             Counter.WQE_CACHE_HITS: req.stat_wqe_hit,
             Counter.WQE_CACHE_MISSES: req.stat_wqe_miss,
             Counter.WQE_CACHE_EVICTIONS: req.stat_wqe_evict,

@@ -471,17 +471,24 @@ async def test_random_mixed(dut):
     if CFG.host.blueflame:      # every WR is posted alone: some WQEs come by BlueFlame
         for h in (sysm.a, sysm.b):
             assert await h.ctx.read_counter(Counter.BLUEFLAME_WQES) > 0
-    # the MR table is in ICM: with fewer cache entries than regions in use, lookups miss,
-    # dirty entries (SET_MR) are written back and read again, and the scoreboard saw every
-    # byte and completion right through it
+    # the MR table and the CQ contexts are in ICM: with fewer cache entries than regions
+    # (CQs) in use, lookups miss, dirty entries (SET_MR, SET_CQ) are written back and read
+    # again, and the scoreboard saw every byte and completion right through them; both
+    # caches share the ICM DMA clients
     for h in (sysm.a, sysm.b):
         c = await h.read_counters()
-        dut._log.info("MR cache: " + ", ".join(f"{k} {c[k]}" for k in (
+        dut._log.info("MR and CQ caches: " + ", ".join(f"{k} {c[k]}" for k in (
             "MR_CACHE_HITS", "MR_CACHE_MISSES", "MR_CACHE_EVICTIONS", "MR_CACHE_WRITEBACKS",
+            "CQ_CACHE_HITS", "CQ_CACHE_MISSES", "CQ_CACHE_EVICTIONS", "CQ_CACHE_WRITEBACKS",
             "RD_ICM_REQS", "RD_ICM_BYTES", "WR_ICM_REQS", "WR_ICM_BYTES")))
         assert c["RD_ICM_BYTES"] == 32 * c["RD_ICM_REQS"]
-        assert c["WR_ICM_BYTES"] == 32 * c["WR_ICM_REQS"] == 32 * c["MR_CACHE_WRITEBACKS"]
-        assert c["RD_ICM_REQS"] <= c["MR_CACHE_MISSES"]
+        assert (c["WR_ICM_BYTES"] == 32 * c["WR_ICM_REQS"]
+                == 32 * (c["MR_CACHE_WRITEBACKS"] + c["CQ_CACHE_WRITEBACKS"]))
+        assert c["RD_ICM_REQS"] <= c["MR_CACHE_MISSES"] + c["CQ_CACHE_MISSES"]
+        # one CQ per pair on each node: every signaled completion looks its CQ up
+        assert c["CQ_CACHE_HITS"] + c["CQ_CACHE_MISSES"] >= c["CQES"]
+        if CFG.nic.cq_cache_sets * CFG.nic.cq_cache_ways < npairs:
+            assert c["CQ_CACHE_EVICTIONS"] > 0 and c["CQ_CACHE_WRITEBACKS"] > 0, c
         # the WQE cache: every miss read one WQE (64 bytes) again from its send queue
         dut._log.info("WQE cache: " + ", ".join(f"{k} {c[k]}" for k in (
             "WQE_CACHE_HITS", "WQE_CACHE_MISSES", "WQE_CACHE_EVICTIONS",
@@ -502,7 +509,7 @@ async def test_random_within_caches(dut):
     the caches): random traffic whose working set fits, one QP pair (one region per node: the
     MR cache holds 2) and batches of at most 8 work requests (the WQE cache holds 8 WQEs,
     consecutive send-queue indices in consecutive sets). Completions and memory against the
-    reference model; no MR is read from ICM or evicted, no WQE is read again."""
+    reference model; no MR or CQ context is read from ICM or evicted, no WQE is read again."""
     entries = CFG.nic.wqe_cache_sets * CFG.nic.wqe_cache_ways
     assert entries >= 8 and CFG.nic.mr_cache_sets * CFG.nic.mr_cache_ways >= 1
     sysm, sb = await run_random(dut, OPS, 1, sizes=(256, 2048))
@@ -513,6 +520,7 @@ async def test_random_within_caches(dut):
             "WQE_CACHE_HITS", "WQE_CACHE_MISSES", "WQE_CACHE_EVICTIONS", "RD_WQE_REREAD_REQS")))
         assert c["MR_CACHE_HITS"] > OPS // 2
         assert c["RD_ICM_REQS"] == 0 and c["MR_CACHE_EVICTIONS"] == 0, c
+        assert c["CQ_CACHE_EVICTIONS"] == 0 and c["CQ_CACHE_HITS"] >= c["CQES"], c
         assert c["WQE_CACHE_MISSES"] == 0 and c["RD_WQE_REREAD_REQS"] == 0, c
     # node a sends every request: its WQE cache was used
     assert (await sysm.a.read_counters())["WQE_CACHE_HITS"] > OPS // 2

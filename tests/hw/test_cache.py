@@ -6,16 +6,19 @@
   out of order): every READ returns the last value written before it, in request order, and
   after invalidating everything host memory holds the final values.
 * Directed cases: a lookup racing its own fill, hit under miss, capacity (a working set that
-  fits hits, a cyclic one larger than a set thrashes LRU), invalidation, DMA errors.
+  fits hits, a cyclic one larger than a set thrashes LRU), invalidation, DMA errors, a reset
+  (the cache is empty after it).
 """
 
 import random
 
 import pytest
+from amaranth.hdl import Module, ResetInserter, Signal
+from amaranth.lib import wiring
 
 from hw.lib.cache import CacheOp, SetAssocCache
 from sim.host import HostMemory
-from tests.hw.dma_models import cache_sim
+from tests.hw.dma_models import cache_sim, tick_until
 
 BASE = 0x10000
 
@@ -354,3 +357,72 @@ def test_addressed_fill_cache(sequential):
             assert hit == model.access(mop, key)[0], f"request {i}"
         assert (c["hits"], c["misses"], c["evictions"]) == \
             (model.hits, model.misses, model.evictions) and model.writebacks == 0
+
+
+class _Resettable(wiring.Component):
+    """The cache behind a reset of its own (``rst``), with the same ports."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.rst = Signal()
+        super().__init__(cache.signature)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.cache = ResetInserter({"sync": self.rst})(self.cache)
+        for name, member in self.signature.members.items():
+            outer, inner = getattr(self, name), getattr(self.cache, name)
+            if member.is_port:
+                m.d.comb += (inner.eq(outer) if member.flow == wiring.In else outer.eq(inner))
+            elif member.flow == wiring.In:
+                wiring.connect(m, wiring.flipped(outer), inner)
+            else:
+                wiring.connect(m, inner, wiring.flipped(outer))
+        return m
+
+
+def test_reset_empties_the_cache():
+    """A reset empties the cache although its tag and line memories keep their contents: a
+    dirty entry written before the reset is neither hit nor written back after it (the NIC's
+    context caches after a system reset: the driver maps ICM again and rewrites its
+    contexts), and a read of its key fills from host memory."""
+    cache = SetAssocCache(entry_bytes=16, key_bits=8, sets=4, ways=2, policy="lru", mshrs=2,
+                          data_bytes=8, id_bits=4)
+    dut = _Resettable(cache)
+    mem = HostMemory()
+    mem.write(BASE + 16 * 3, (555).to_bytes(16, "little"))
+    sim, dma = cache_sim(dut, 8, mem=mem, seed=3, lat=(5, 10), p_ready=1.0, p_gap=0.0)
+    got = []
+
+    async def request(ctx, op, key, value=0):
+        ctx.set(dut.req.payload, {"op": op, "key": key, "id": len(got), "data": value})
+        ctx.set(dut.req.valid, 1)
+        await tick_until(ctx, dut.req.ready)
+        ctx.set(dut.req.valid, 0)
+        ctx.set(dut.resp.ready, 1)
+        await tick_until(ctx, dut.resp.valid)
+        p = ctx.get(dut.resp.payload)
+        got.append((int(p.hit), int(p.data)))
+        ctx.set(dut.resp.ready, 0)
+
+    async def tb(ctx):
+        ctx.set(dut.base, BASE)
+        await request(ctx, CacheOp.WRITE, 3, 777)        # dirty, never written back
+        await request(ctx, CacheOp.WRITE, 7, 888)        # same set, the other way
+        await request(ctx, CacheOp.READ, 3)
+        assert got[-1] == (1, 777)
+        ctx.set(dut.rst, 1)
+        await ctx.tick()
+        ctx.set(dut.rst, 0)
+        ctx.set(dut.base, BASE)
+        await request(ctx, CacheOp.READ, 3)
+        assert got[-1] == (0, 555), "after a reset the key misses and fills from the host"
+        for k in (11, 15, 19):                           # the set fills and evicts
+            await request(ctx, CacheOp.READ, k)
+        for _ in range(100):
+            await ctx.tick()
+
+    sim.add_testbench(tb)
+    sim.run()
+    assert [a for a, *_ in dma.writes] == [], "no stale dirty entry was written back"
+    assert len(dma.reads) == 4

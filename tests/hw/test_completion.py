@@ -1,5 +1,7 @@
 """Completion engine: CQE ring writes, owner bit per pass, CQ errors (overrun, failed CQE
-write) with their event and the QPs they stop, CQ doorbell and restart.
+write, CQ context that could not be read) with their event and the QPs they stop, CQ
+doorbell and restart. The CQ contexts are answered request / response after a random
+latency (tests/hw/lookup_model.py), as the CQ-context cache does.
 
 A Python model of each CQ ring (producer/consumer index, error state) predicts every DMA
 write, event and QP-error request; the DMA port model and the request sources apply random
@@ -10,7 +12,7 @@ import random
 
 import pytest
 from amaranth import Module
-from amaranth.lib import memory, wiring
+from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from hw import formats, regmap
@@ -19,28 +21,29 @@ from hw.config import NicConfig
 from hw.interfaces import AsyncEventType
 from sim.host import HostMemory
 from tests.hw.dma_models import PortMemorySim, tick_until
+from tests.hw.lookup_model import TableLookup
 
 CFG = NicConfig(data_bytes=8, mtu=256, n_qps=4, n_mrs=4, n_cqs=4, max_outstanding=8)
 
 
 class Bench(wiring.Component):
-    """Completion engine plus a CQ context table (asynchronous read port)."""
+    """Completion engine plus a CQ context table behind a request / response port that
+    answers after 1 .. 8 cycles (``bad``: CQs whose context read fails)."""
 
-    def __init__(self, cfg, cqs):
+    def __init__(self, cfg, cqs, bad=()):
         self.dut = Completion(cfg)
         init = []
         for i in range(cfg.n_cqs):
             base, log = cqs.get(i, (0, 0))
-            init.append(int.from_bytes(formats.pack(regmap.CQ_CTX, base=base, log_size=log), "little"))
-        self.table = memory.Memory(shape=regmap.CQ_CTX.size, depth=cfg.n_cqs, init=init)
+            init.append({"base": base, "log_size": log})
+        self.table = TableLookup(self.dut.cqn_bits, regmap.CQ_CTX, init, bad=bad)
         super().__init__({})
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.dut = self.dut
         m.submodules.table = self.table
-        rp = self.table.read_port(domain="comb")
-        m.d.comb += [rp.addr.eq(self.dut.cq.index), self.dut.cq.data.eq(rp.data)]
+        wiring.connect(m, self.dut.cq, self.table.port)
         return m
 
 
@@ -50,10 +53,10 @@ def cqe_fields(rng, i):
                 qpn=rng.randrange(4), src_qpn=i, flags=rng.choice([0, 1, 0x81]))
 
 
-def run(cfg, seed, script, cqs, bp=0.3, fail=None):
+def run(cfg, seed, script, cqs, bp=0.3, fail=None, bad=()):
     """script: list of ("cqe", port, cqn, fields) / ("db", cqn, ci) / ("ev", cqn) / ("wait", n).
     Returns (writes [(addr, bytes)], stats, events [(type, index)], QPs sent to ERR)."""
-    bench = Bench(cfg, cqs)
+    bench = Bench(cfg, cqs, bad)
     dut = bench.dut
     rng = random.Random(seed)
     mem = HostMemory()
@@ -222,6 +225,21 @@ def test_failed_cqe_write_puts_the_cq_in_error():
     exp, exp_events, exp_killed = model(script, CQS, fail=fail)
     assert writes == exp and events == exp_events == [(AsyncEventType.CQ_ERR, 1)]
     assert killed == exp_killed and len(killed) == 2
+
+
+def test_cq_context_read_failure_puts_the_cq_in_error():
+    """The CQ's context cannot be read from ICM (the cache's fill failed): the completion is
+    dropped and counted, one CQ_ERR event, its QP to ERR, later completions of that CQ are
+    dropped too; other CQs go on."""
+    rng = random.Random(13)
+    f = [cqe_fields(rng, i) for i in range(5)]
+    script = sequential([("cqe", 0, 0, f[0]), ("cqe", 1, 2, f[1]), ("cqe", 0, 1, f[2]),
+                         ("cqe", 0, 2, f[3]), ("cqe", 1, 0, f[4])])
+    writes, stats, events, killed, _ = run(CFG, 6, script, CQS, bp=0.2, bad=(2,))
+    assert [a for a, _ in writes] == [0x10000, 0x20000, 0x10020]
+    assert events == [(AsyncEventType.CQ_ERR, 2)]
+    assert killed == [f[1]["qpn"], f[3]["qpn"]]
+    assert stats == {"cqe": 3, "ovf": 2}
 
 
 def test_concurrent_inputs_round_robin():

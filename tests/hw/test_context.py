@@ -66,7 +66,7 @@ def test_registers_and_tables():
                         access=15, valid=1)
         assert await command(ctx, bus, Cmd.SET_MR, 3, mr) == CmdStatus.BAD_STATE
         assert ctx.get(dut.mr_wr.valid) == 0
-        assert await command(ctx, bus, Cmd.MAP_ICM, 1, 0x10_0000) == CmdStatus.BAD_INDEX
+        assert await command(ctx, bus, Cmd.MAP_ICM, 2, 0x10_0000) == CmdStatus.BAD_INDEX
         assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.MR, 0x10_0800) == CmdStatus.BAD_VALUE
         assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.MR, 0x10_0000) == CmdStatus.OK
         assert ctx.get(dut.icm_mr_base) == 0x10_0000
@@ -88,10 +88,27 @@ def test_registers_and_tables():
         assert await command(ctx, bus, Cmd.SET_MR, 2, mr) == CmdStatus.BAD_VALUE
         assert await command(ctx, bus, Cmd.SET_MR, 4, mr) == CmdStatus.BAD_INDEX
         assert ctx.get(dut.mr_wr.valid) == 0
-        # CQ and its event.
-        assert await command(ctx, bus, Cmd.SET_CQ, 1, layout_int(CQ_CTX, base=0x8000, log_size=5)) == CmdStatus.OK
-        ctx.set(dut.cq.index, 1)
-        assert ctx.get(dut.cq.data).base == 0x8000
+        # CQ: its context table lives in ICM too (mapped once, apart from the MR table);
+        # SET_CQ reads BUSY until the CQ-context cache takes the context, and restarts the
+        # CQ's indices (cq_event) at once.
+        cq = layout_int(CQ_CTX, base=0x8000, log_size=5)
+        assert await command(ctx, bus, Cmd.SET_CQ, 1, cq) == CmdStatus.BAD_STATE
+        assert ctx.get(dut.cq_wr.valid) == 0
+        assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.CQ, 0x30_0000) == CmdStatus.OK
+        assert ctx.get(dut.icm_cq_base) == 0x30_0000 and ctx.get(dut.icm_mr_base) == 0x10_0000
+        assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.CQ, 0x40_0000) == CmdStatus.BAD_STATE
+        assert await command(ctx, bus, Cmd.SET_CQ, 4, cq) == CmdStatus.BAD_INDEX
+        assert await command(ctx, bus, Cmd.SET_CQ, 1, layout_int(CQ_CTX, log_size=17)) == CmdStatus.BAD_VALUE
+        ctx.set(dut.cq_event.ready, 1)
+        assert await command(ctx, bus, Cmd.SET_CQ, 1, cq) == CmdStatus.BUSY
+        assert ctx.get(dut.cq_wr.valid) == 1 and ctx.get(dut.cq_wr.payload.slot) == 1
+        assert ctx.get(dut.cq_wr.payload.entry.as_value()) == cq
+        assert await command(ctx, bus, Cmd.NOP, 0) == CmdStatus.BUSY      # ignored meanwhile
+        ctx.set(dut.cq_wr.ready, 1)
+        await ctx.tick()
+        ctx.set(dut.cq_wr.ready, 0)
+        assert ctx.get(dut.cq_wr.valid) == 0
+        assert await mmio_read(ctx, bus, Reg.CMD) == CmdStatus.OK
         # Doorbell binding.
         assert await command(ctx, bus, Cmd.BIND_DB, 2, 3) == CmdStatus.OK
         assert await command(ctx, bus, Cmd.BIND_DB, 2, CFG.n_doorbells) == CmdStatus.BAD_VALUE
