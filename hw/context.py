@@ -146,26 +146,23 @@ class Context(wiring.Component):
                         m.d.sync += self.bus.rdata.eq(args.word_select(i, 64))
 
         cmd_go = Signal()
-        # SET_MR in progress: the entry waits for the MR cache, CMD reads BUSY
-        mr_pend = Signal()
-        mr_mapped = Signal()
-        mr_base = Signal(64)
-        mr_slot = Signal(self.mr_bits)
-        mr_entry = Signal(MR_ENTRY)
-        m.d.comb += [self.mr_wr.valid.eq(mr_pend), self.mr_wr.payload.slot.eq(mr_slot),
-                     self.mr_wr.payload.entry.eq(mr_entry), self.icm_mr_base.eq(mr_base)]
-        with m.If(self.mr_wr.valid & self.mr_wr.ready):
-            m.d.sync += [mr_pend.eq(0), status.eq(CmdStatus.OK)]
-        # SET_CQ in progress: the context waits for the CQ-context cache, CMD reads BUSY
-        cq_pend = Signal()
-        cq_mapped = Signal()
-        cq_base = Signal(64)
-        cq_slot = Signal(self.cqn_bits)
-        cq_entry = Signal(CQ_CTX)
-        m.d.comb += [self.cq_wr.valid.eq(cq_pend), self.cq_wr.payload.slot.eq(cq_slot),
-                     self.cq_wr.payload.entry.eq(cq_entry), self.icm_cq_base.eq(cq_base)]
-        with m.If(self.cq_wr.valid & self.cq_wr.ready):
-            m.d.sync += [cq_pend.eq(0), status.eq(CmdStatus.OK)]
+        def table_writer(name, wr, icm_base, slot_bits, layout):
+            """A context table in ICM behind a cache (MR, CQ): whether it is mapped, its
+            ICM address, and the entry a SET_MR / SET_CQ offers on ``wr`` (``pend``) while
+            CMD reads BUSY, until the cache takes it."""
+            pend, mapped = Signal(name=f"{name}_pend"), Signal(name=f"{name}_mapped")
+            base, slot = Signal(64, name=f"{name}_base"), Signal(slot_bits, name=f"{name}_slot")
+            entry = Signal(layout, name=f"{name}_entry")
+            m.d.comb += [wr.valid.eq(pend), wr.payload.slot.eq(slot),
+                         wr.payload.entry.eq(entry), icm_base.eq(base)]
+            with m.If(wr.valid & wr.ready):
+                m.d.sync += [pend.eq(0), status.eq(CmdStatus.OK)]
+            return pend, mapped, base, slot, entry
+
+        mr_pend, mr_mapped, mr_base, mr_slot, mr_entry = table_writer(
+            "mr", self.mr_wr, self.icm_mr_base, self.mr_bits, MR_ENTRY)
+        cq_pend, cq_mapped, cq_base, cq_slot, cq_entry = table_writer(
+            "cq", self.cq_wr, self.icm_cq_base, self.cqn_bits, CQ_CTX)
         with m.If(self.bus.we):
             with m.Switch(addr):
                 with m.Case(Reg.NODE_ID):
