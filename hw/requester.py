@@ -12,14 +12,22 @@ Structure
     * a separate response FSM takes the packets of ``rx`` (ACK/NAK, READ responses, atomic
       acknowledges) one at a time: it writes READ data and atomic results to ``dma_wr``,
       completes the acknowledged messages (``cqe``) and raises ``set_err`` on a NAK;
-    * a :class:`~hw.scheduler.Scheduler` picks, round-robin, the next QP that may send
-      (RTS, posted WQEs not yet fetched, room in its tracker, READ/atomic budget left, not
-      waiting on a fence);
+    * scheduling is event-driven (no logic per QP evaluated every cycle): a ready queue
+      (:class:`~hw.lib.ready_queue.ReadyQueue`, each QP queued at most once) holds the QPs
+      that may have work. A doorbell, an applied QP event or rewind, a finished batch and
+      a completion that frees tracker room or READ/atomic budget *wake* their QP (push its
+      number); the fetch issuer takes the oldest, checks that one QP (RTS, posted WQEs not
+      yet fetched, room in its tracker, READ/atomic budget left, not waiting on a fence,
+      an event, a rewind or an RNR wait, no batch in flight) and fetches it or drops it (a
+      later write that lets it issue wakes it again). QP events wait in a second queue in
+      the order they came, and the QPs that may need a rewind or a flush in a third (the
+      service queue: woken by the writes that can start one, looked at by the send FSM in
+      IDLE, queued again while they must wait);
     * a :class:`~hw.wqe_fetch.WqeFetch` reads up to :data:`WQE_BATCH` consecutive WQEs with one
       DMA read; the engine sends them back to back while the QP may still issue and drops
       (re-fetches later) the rest;
     * up to ``fetch_depth`` such batches (of different QPs, at most one per QP) are fetched
-      at once: a fetch issuer takes the scheduler's grant and issues its DMA read whenever the
+      at once: a fetch issuer takes the ready queue's oldest QP and issues its DMA read whenever the
       send engine is not using the QP lookup, so the fetch round trips of several QPs overlap
       (as in real NICs). The batches are queued in issue order (the DMA read responses come
       back in that order) and the engine takes them one at a time; a batch whose QP may no
@@ -168,12 +176,11 @@ from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .arbiter import StreamArbiter
 from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent)
-from .lib.encoder import first_set
 from .lib.mem_array import MemArray
 from .lib.reg_array import RegArray
 from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
-from .scheduler import Scheduler
+from .lib.ready_queue import ReadyQueue
 from .wqe_fetch import WqeFetch
 from .ctx.wqe_cache import WqeCache, WQE_INFO
 from .rnic.packet_emitter import PacketEmitter
@@ -267,7 +274,11 @@ class Requester(wiring.Component):
         mtu_bits = exact_log2(cfg.mtu)
         K = cfg.wqe_batch
 
-        m.submodules.sched = sched = Scheduler(nq)
+        # ready queue of QPs that may have work (event-driven scheduling): push[0] the
+        # response FSM (a completion freed tracker room or READ/atomic budget), push[1] a
+        # batch done, push[2] the send FSM (doorbell, QP event applied, rewind applied)
+        m.submodules.rdy = rdy = ReadyQueue(nq, ports=3)
+        wk_rx, wk_done, wk_tx = rdy.push
         KF = self.fetch_depth
         m.submodules.fetch = fetch = WqeFetch(W, K * KF)
         # WQE fetches issued and not yet taken by the send FSM, in issue order (the DMA read
@@ -319,9 +330,11 @@ class Requester(wiring.Component):
         hi_psn = mregs(24, "hi_psn", ("tx",), reads=2)
         head = regs(mo_bits + 1, "head", ("tx", "rx"))
         tail = regs(mo_bits + 1, "tail", ("tx",))
-        rd_out = arr(5, "rd_out")
-        rd_ok = arr(1, "rd_ok")
-        fence_wait = arr(1, "fence_wait")
+        # READ/atomic requests outstanding and the fence flag: the send FSM (commit, reset)
+        # wins over the response FSM (completion) and writes the merged value when both work
+        # on one QP in the same cycle
+        rd_out = regs(5, "rd_out", ("rx", "tx"))
+        fence_wait = regs(1, "fence_wait", ("rx", "tx"))
         # READ/atomic limit and send CQ of the QP, captured when a message enters the tracker
         # (the response FSM uses these instead of the QP lookup, which the send FSM owns)
         qlim = regs(5, "qlim", ("tx",), init=16)
@@ -374,22 +387,25 @@ class Requester(wiring.Component):
         rcur = Signal(self.qpn_bits)        # QP of the response being handled
         rx_busy = Signal()                  # the response FSM is not idle
 
-        eligible = Signal(nq)
         inflight = regs(1, "inflight", ("gq", "tx"))      # a fetched batch of this QP is queued or being sent
-        flush_cond = Signal(nq)
-        flushable = Signal(nq)
-        for i in range(nq):
-            m.d.comb += [
-                rd_ok[i].eq(rd_out[i] < qlim[i]),
-                eligible[i].eq(rts[i] & ~err[i] & ~lerr[i] & ~ev_pend[i] & (fi[i] != pi[i])
-                               & ~rwd_pend[i] & ~rnr_wait[i]
-                               & (count(i) != MO) & rd_ok[i] & ~fence_wait[i]),
-                flush_cond[i].eq((err[i] | (lerr[i] & (ci[i] == lerr_idx[i])))
-                                 & ~ev_pend[i] & (ci[i] != pi[i])),
-                # never flush the QP whose response is being handled
-                flushable[i].eq(flush_cond[i] & ~(rx_busy & (rcur == i))),
-            ]
-        m.d.comb += sched.req.eq(eligible & ~Cat(*inflight.q))
+
+        def flush_cond(q, name):
+            """QP q has work requests to flush: in ERR, or its failed WQE is the oldest, and
+            no QP event waits (evaluated at the one QP q)."""
+            f = Signal(name=f"flush_{name}")
+            m.d.comb += f.eq((err[q] | (lerr[q] & (ci[q] == lerr_idx[q]))) & ~ev_pend[q]
+                             & (ci[q] != pi[q]))
+            return f
+
+        def eligible(q, name):
+            """QP q may issue a request now (RTS, posted WQEs not yet fetched, room in its
+            tracker and READ/atomic budget, not waiting on a fence, an event, a rewind or an
+            RNR wait): evaluated at the one QP q, never for all QPs."""
+            e = Signal(name=f"elig_{name}")
+            m.d.comb += e.eq(rts[q] & ~err[q] & ~lerr[q] & ~ev_pend[q] & (fi[q] != pi[q])
+                             & ~rwd_pend[q] & ~rnr_wait[q] & (count(q) != MO)
+                             & (rd_out[q] < qlim[q]) & ~fence_wait[q])
+            return e
 
         # ---------------- send FSM registers
         cur = Signal(self.qpn_bits)
@@ -460,8 +476,10 @@ class Requester(wiring.Component):
             ]
 
         def pop_head(port, q):
-            """Remove the head message of QP q; it is completed (comb: the write ports)."""
-            return head.write(port, q, head[q] + 1) + ci.write(port, q, ci[q] + 1)
+            """Remove the head message of QP q; it is completed (comb: the write ports). The
+            response FSM's pop wakes the QP: it may have tracker room or READ budget now."""
+            wake = [wk_rx.valid.eq(1), wk_rx.payload.index.eq(q)] if port == "rx" else []
+            return head.write(port, q, head[q] + 1) + ci.write(port, q, ci[q] + 1) + wake
 
         # ---------------- transport timers (local ACK timeout, RNR wait)
         m.submodules.timer = timer = RetryTimer(nq, max(1, cfg.cycles(TICK_NS)))
@@ -493,16 +511,23 @@ class Requester(wiring.Component):
         ev_rst_rd = Signal()
         rw_rst_rd = Signal()          # a rewind of cur: its READ/atomic requests are gone
         ev_sel = Signal(self.qpn_bits)
-        for i in range(nq):
-            inc = tx_rd_inc & (cur == i)
-            dec = rx_rd_dec & (rcur == i)
-            fset = tx_fence_set & (cur == i)
-            nxt = Signal(5, name=f"rd_out_nxt{i}")
-            m.d.comb += nxt.eq(rd_out[i] + inc - dec)
-            with m.If((ev_rst_rd & (ev_sel == i)) | (rw_rst_rd & (cur == i))):
-                m.d.sync += [rd_out[i].eq(0), fence_wait[i].eq(0)]
-            with m.Elif(inc | dec | fset):
-                m.d.sync += [rd_out[i].eq(nxt), fence_wait[i].eq((fence_wait[i] | fset) & (nxt != 0))]
+        same = Signal()                 # both FSMs on one QP
+        m.d.comb += same.eq(cur == rcur)
+        nxt_tx = Signal(5)
+        nxt_rx = Signal(5)
+        m.d.comb += [nxt_tx.eq(rd_out[cur] + tx_rd_inc - (rx_rd_dec & same)),
+                     nxt_rx.eq(rd_out[rcur] + (tx_rd_inc & same) - rx_rd_dec)]
+        with m.If(rx_rd_dec):
+            m.d.comb += (rd_out.write("rx", rcur, nxt_rx)
+                         + fence_wait.write("rx", rcur, fence_wait[rcur] & (nxt_rx != 0)))
+        with m.If(ev_rst_rd):
+            m.d.comb += rd_out.write("tx", ev_sel, 0) + fence_wait.write("tx", ev_sel, 0)
+        with m.Elif(rw_rst_rd):
+            m.d.comb += rd_out.write("tx", cur, 0) + fence_wait.write("tx", cur, 0)
+        with m.Elif(tx_rd_inc | tx_fence_set):
+            m.d.comb += (rd_out.write("tx", cur, nxt_tx)
+                         + fence_wait.write("tx", cur, (fence_wait[cur] | tx_fence_set)
+                                            & (nxt_tx != 0)))
 
         # ---------------- cqe and set_err: shared by both FSMs (sticky two-way arbiters)
         # Completions then pass the write gate: a CQE leaves only once the data the requester
@@ -840,14 +865,54 @@ class Requester(wiring.Component):
             prev = nxt
         m.d.comb += n_batch.eq(Mux(flushing, 1, prev))
 
-        # the lowest QP with a QP event, a rewind (not while a batch of the QP is in
-        # flight), a flush waiting to be applied (priority encoders, hw/lib/encoder.py)
-        ev_any, ev_first = first_set(m, Cat(*ev_pend.q), "ev")
-        m.d.comb += ev_sel.eq(ev_first)
-        rw_any, rw_sel = first_set(
-            m, Cat(*[rwd_pend[i] & ~err[i] & ~ev_pend[i] & ~inflight[i] for i in range(nq)]),
-            "rw")
-        fl_any, fl_sel = first_set(m, flushable, "fl")
+        n_fl = Signal(range(KF + 1))    # batches fetched and not yet done
+
+        # QP events, in the order they came (each QP at most once: a later event of a QP
+        # still queued replaces its state, ev_state / ev_psn). ev_any also covers an event
+        # pushed last cycle that is not yet at the queue's output, so that a doorbell
+        # arriving after an event is never applied before it.
+        m.submodules.evq = evq = ReadyQueue(nq)
+        ev_any = Signal()
+        m.d.comb += [ev_any.eq(evq.count != 0), ev_sel.eq(evq.pop.payload.index)]
+
+        # QPs that may need a rewind or a flush (the service queue), woken by the writes
+        # that can make them need one: a rewind requested (response FSM, timers), ERR or a
+        # local error set, the head popped while a local error waits, a WQE posted or
+        # flushed on a QP in error. The send FSM looks at the oldest in IDLE: applies it,
+        # queues it again if it must wait (a batch or the response FSM on the QP, an event
+        # pending, batches in flight for a flush), else drops it. push[3]: queued again.
+        m.submodules.svc = svc = ReadyQueue(nq, ports=4)
+        sq = svc.pop.payload.index
+        sv = svc.pop.valid
+        s_busy = Signal()             # the response FSM works on the QP
+        m.d.comb += s_busy.eq(rx_busy & (rcur == sq))
+        s_rw = Signal()               # a rewind waits
+        m.d.comb += s_rw.eq(rwd_pend[sq] & ~err[sq])
+        s_rw_go = Signal()
+        m.d.comb += s_rw_go.eq(sv & s_rw & ~ev_pend[sq] & ~inflight[sq] & ~s_busy)
+        s_fl = flush_cond(sq, "svc")
+        s_fl_go = Signal()
+        m.d.comb += s_fl_go.eq(sv & s_fl & ~s_busy & (n_fl == 0))
+        s_taken = Signal()            # the send FSM applies it now
+        m.d.comb += svc.pop.ready.eq(s_taken | (sv & ~s_rw & ~s_fl))
+        # a flush waits for the batches in flight: no new batch is issued meanwhile
+        fl_wait = Signal()
+        fl_wait_q = Signal(self.qpn_bits)
+        with m.If(sv & svc.pop.ready & ~s_fl & (sq == fl_wait_q)):
+            m.d.sync += fl_wait.eq(0)       # that QP needs no flush any more
+        sw_rx, sw_xq, sw_tx, sw_again = svc.push
+        tx_waddr = Signal(self.qpn_bits)
+        m.d.comb += [
+            sw_rx.valid.eq(err.rx.en | rwd_pend.rx.en | (head.rx.en & lerr[rcur])),
+            sw_rx.payload.index.eq(rcur),
+            sw_xq.valid.eq(rwd_pend.xq.en),
+            sw_xq.payload.index.eq(rwd_pend.xq.addr),
+            tx_waddr.eq(Mux(err.tx.en, err.tx.addr, Mux(lerr.tx.en, lerr.tx.addr,
+                        Mux(ci.tx.en, ci.tx.addr, pi.tx.addr)))),
+            sw_tx.valid.eq(err.tx.en | lerr.tx.en | ci.tx.en
+                           | (pi.tx.en & (err[pi.tx.addr] | lerr[pi.tx.addr]))),
+            sw_tx.payload.index.eq(tx_waddr),
+        ]
 
         ev_clear = Signal()
         # a doorbell that was already waiting when a QP event arrived is taken before the
@@ -859,7 +924,7 @@ class Requester(wiring.Component):
             m.d.sync += db_early.eq(1)
 
         # ---------------- fetch issue: up to fetch_depth WQE fetches of different QPs in flight
-        # The scheduler's grant is fetched while the send FSM works on earlier batches, in
+        # The ready queue's oldest QP is fetched while the send FSM works on earlier batches, in
         # the cycles when the send FSM does not use the QP lookup. Each fetch reserves its
         # WQE slots in WqeFetch (so the DMA data is always accepted) and a place in fq. A QP
         # has at most one batch in flight (``inflight``), which keeps its WQEs in order. The
@@ -870,10 +935,9 @@ class Requester(wiring.Component):
         act = Signal()              # the send FSM took a batch of fq (inflight[cur] is set)
         issue = Signal()
         done = Signal()             # the batch of cur is done (its QP may be fetched again)
-        n_fl = Signal(range(KF + 1))    # batches fetched and not yet done
         m.d.sync += n_fl.eq(n_fl + issue - done)
         # BlueFlame: the granted QP's next WQE may be here already (one WQE, no DMA read)
-        gq = sched.grant.payload.qpn
+        gq = rdy.pop.payload.index
         m.submodules.bf = bfb = BlueFlameBuffer(max(1, self.qpn_bits), cfg.bf_entries)
         wiring.connect(m, wiring.flipped(self.bf), bfb.i)
         m.d.comb += [bfb.qpn.eq(gq), bfb.index.eq(fi[gq]),
@@ -898,10 +962,14 @@ class Requester(wiring.Component):
         ]
         with m.If(pend_v & fetch.req.ready):
             m.d.sync += pend_v.eq(0)
-        with m.If(~pend_v & ~fetching & lk_free & ~fl_any & ~flushing & ~ev_any & (n_fl != KF)
-                  & sched.grant.valid):
-            m.d.comb += [self.qp.index.eq(gq), issue.eq(1),
-                         sched.grant.ready.eq(1), fq.w_en.eq(1)]
+        # the oldest QP of the ready queue: fetched if it may issue and has no batch in
+        # flight, else dropped (the write that lets it issue again wakes it again)
+        g_elig = eligible(gq, "gq")
+        with m.If(~pend_v & ~fetching & lk_free & ~fl_wait & ~flushing & ~ev_any & (n_fl != KF)
+                  & rdy.pop.valid):
+            m.d.comb += rdy.pop.ready.eq(1)
+        with m.If(rdy.pop.valid & rdy.pop.ready & g_elig & ~inflight[gq]):
+            m.d.comb += [self.qp.index.eq(gq), issue.eq(1), fq.w_en.eq(1)]
             m.d.comb += inflight.write("gq", gq, 1)
             m.d.sync += [pend_v.eq(1),
                          pend_addr.eq(f_addr), pend_cnt.eq(g_cnt), pend_bf.eq(bfb.hit),
@@ -916,6 +984,8 @@ class Requester(wiring.Component):
         fq_q = Signal(self.qpn_bits)
         fq_n = Signal(3)
         m.d.comb += Cat(fq_q, fq_n).eq(fq.r_data)
+        e_fq = eligible(fq_q, "fq")         # the oldest fetched batch's QP
+        e_cur = eligible(cur, "cur")        # the QP being sent
 
         # WQE cache lookups: the flush (lk[1], head of cur) and the response FSM (lk[0], head
         # of rcur) ask for the head message's WQE fields (wr_id, local_addr, length)
@@ -938,26 +1008,39 @@ class Requester(wiring.Component):
                     # the batch of cur is done: its QP may be fetched again
                     m.d.comb += done.eq(1)
                     m.d.comb += inflight.write("tx", cur, 0)
+                    m.d.comb += [wk_done.valid.eq(1), wk_done.payload.index.eq(cur)]
                     m.d.sync += act.eq(0)
 
                 def take_batch():
                     # the oldest fetched batch: sent if its QP may still issue, else dropped
                     m.d.comb += fq.r_en.eq(1)
                     m.d.sync += [cur.eq(fq_q), flushing.eq(0), act.eq(1), batch_left.eq(fq_n)]
-                    with m.If(eligible.bit_select(fq_q, 1)):
+                    with m.If(e_fq):
                         m.next = "FETCH_WAIT"
                     with m.Else():
                         m.next = "DRAIN"
 
-                with m.If(ev_any & ~(self.db.valid & db_early)):
-                    with m.If(inflight[ev_sel]):
+                ev_now = ev_any & ~(self.db.valid & db_early)
+                # the oldest QP of the service queue: taken below, or queued again if it
+                # still needs a rewind or a flush (not in a cycle that applies an event)
+                with m.If(sv & ~ev_now & ~s_taken & (s_rw | s_fl)):
+                    m.d.comb += [svc.pop.ready.eq(1), sw_again.valid.eq(1),
+                                 sw_again.payload.index.eq(sq)]
+                    with m.If(s_fl & (n_fl != 0)):
+                        m.d.sync += [fl_wait.eq(1), fl_wait_q.eq(sq)]
+
+                with m.If(ev_now):
+                    with m.If(~evq.pop.valid):
+                        pass            # the event reaches the queue's output next cycle
+                    with m.Elif(inflight[ev_sel]):
                         # the event waits for the QP's batch in flight, which is dropped
                         # (not eligible: event pending); no doorbell is taken before it
                         with m.If(fq.r_rdy):
                             take_batch()
                     # the event waits while the response FSM works on that QP (bounded)
                     with m.Elif(~(rx_busy & (rcur == ev_sel))):
-                        m.d.comb += ev_clear.eq(1)
+                        m.d.comb += [ev_clear.eq(1), wk_tx.valid.eq(1),
+                                     wk_tx.payload.index.eq(ev_sel)]
                         with m.If(ev_reset[ev_sel]):
                             m.d.comb += [ev_rst_rd.eq(1), gate.forget.eq(1),
                                          gate.forget_key.eq(ev_sel),
@@ -976,8 +1059,9 @@ class Requester(wiring.Component):
                             *rts.write("tx", ev_sel, ev_state[ev_sel] == formats.QpState.RTS.value),
                             *err.write("tx", ev_sel, ev_state[ev_sel] == formats.QpState.ERR.value),
                         ]
-                with m.Elif(rw_any & ~(rx_busy & (rcur == rw_sel)) & ~(self.db.valid & db_early)):
-                    m.d.sync += cur.eq(rw_sel)
+                with m.Elif(s_rw_go & ~(self.db.valid & db_early)):
+                    m.d.comb += s_taken.eq(1)
+                    m.d.sync += cur.eq(sq)
                     m.next = "REWIND"
                 with m.Elif(self.db.valid):
                     # doorbell: look the QP up right now (index = db qpn)
@@ -993,11 +1077,13 @@ class Requester(wiring.Component):
                         m.next = "SET_ERR"
                     with m.Else():
                         m.d.comb += pi.write("tx", db_q, self.db.payload.pi)
+                        m.d.comb += [wk_tx.valid.eq(1), wk_tx.payload.index.eq(db_q)]
                 with m.Elif(fq.r_rdy):
                     take_batch()
-                with m.Elif(fl_any & (n_fl == 0)):
+                with m.Elif(s_fl_go):
                     # flushes fetch on their own: only when no batch is in flight
-                    m.d.sync += [cur.eq(fl_sel), flushing.eq(1)]
+                    m.d.comb += s_taken.eq(1)
+                    m.d.sync += [cur.eq(sq), flushing.eq(1), fl_wait.eq(0)]
                     m.next = "FLUSH"
 
             with m.State("REWIND"):
@@ -1011,6 +1097,7 @@ class Requester(wiring.Component):
                 with m.Elif(~nonempty):
                     # everything was acknowledged meanwhile
                     m.d.comb += rwd_pend.write("tx", cur, 0)
+                    m.d.comb += [wk_tx.valid.eq(1), wk_tx.payload.index.eq(cur)]
                     m.next = "IDLE"
                 with m.Elif(rwd_cnt[cur] & (retry_used[cur] == q_retry[cur])):
                     # retry_cnt exhausted: the oldest message fails, the QP goes to ERR
@@ -1036,6 +1123,7 @@ class Requester(wiring.Component):
                         *npsn.write("tx", cur, ent.first_psn), *lerr.write("tx", cur, 0),
                         *rtx_started.write("tx", cur, 1), *rwd_pend.write("tx", cur, 0),
                         *retry_used.write("tx", cur, retry_used[cur] + rwd_cnt[cur]),
+                        wk_tx.valid.eq(1), wk_tx.payload.index.eq(cur),
                     ]
                     m.next = "IDLE"
 
@@ -1108,7 +1196,7 @@ class Requester(wiring.Component):
                 # next WQE of the batch if the QP may still issue, else drop the rest
                 with m.If(batch_left == 0):
                     m.next = "IDLE"
-                with m.Elif(eligible.bit_select(cur, 1)):
+                with m.Elif(e_cur):
                     m.next = "FETCH_WAIT"
                 with m.Else():
                     m.next = "DRAIN"
@@ -1248,6 +1336,7 @@ class Requester(wiring.Component):
                     m.next = "IDLE"
 
         # ---------------- response FSM: never waits on tx or on the send FSM
+        rx_flush = flush_cond(self.rx.meta.payload.dest_qpn[:self.qpn_bits], "rx")
         with m.FSM(name="resp"):
             with m.State("R_IDLE"):
                 m.d.comb += self.rx.meta.ready.eq(~perr_v)
@@ -1263,7 +1352,7 @@ class Requester(wiring.Component):
                     # a pending reset or ERR leaves nothing for the response to complete
                     ev_kills = ev_pend[rqi] & (ev_reset[rqi] | (ev_state[rqi] == formats.QpState.ERR.value))
                     m.d.comb += ok.eq((rq < nq) & rts[rqi] & ~err[rqi] & ~ev_kills
-                                      & ~flush_cond.bit_select(rqi, 1))
+                                      & ~rx_flush)
                     with m.If(ok):
                         m.next = "R_LOOK"
                     with m.Else():
@@ -1516,11 +1605,13 @@ class Requester(wiring.Component):
         m.d.comb += self.qp_event.ready.eq(1)
         with m.If(ev_clear):
             m.d.comb += ev_pend.write("evc", ev_sel, 0)
+            m.d.comb += evq.pop.ready.eq(1)
         with m.If(self.qp_event.valid):
             e = self.qp_event.payload
             eq = e.qpn[:self.qpn_bits]
             with m.If(e.qpn < nq):
                 m.d.comb += [
+                    evq.push[0].valid.eq(1), evq.push[0].payload.index.eq(eq),
                     *ev_pend.write("evs", eq, 1),
                     *ev_state.write("evs", eq, e.state),
                     *ev_psn.write("evs", eq, e.sq_psn),

@@ -111,8 +111,11 @@ def test_system_dma_errors(dma_error_run, case):
 
 def test_hosts_agree(system_run, rtl_run, agree_dir):
     """The same workload on the Python and on the RTL host (no back-pressure, no reordering):
-    the same completions and memory, and batch times within 1 % (the hosts see the same
-    link timing; docs/host-interface.md)."""
+    the same completions and memory, the whole run within 0.5 % and every batch within 1 %
+    or 32 cycles (128 ns): the hosts see the same link timing, but the testbench wakes 2
+    cycles apart on a CQE, which can put a doorbell behind another QP's wake in the ready
+    queue (served in FIFO order) and so serve one batch a fetch later
+    (docs/host-interface.md)."""
     import json
     _check_case(system_run, "test_agreement_record")
     _check_case(rtl_run, "test_agreement_record")
@@ -123,7 +126,9 @@ def test_hosts_agree(system_run, rtl_run, agree_dir):
     assert py["memory"] == rtl["memory"]
     assert len(py["batch_ns"]) == len(rtl["batch_ns"]) > 10
     for a, b in zip(py["batch_ns"], rtl["batch_ns"]):
-        assert abs(a - b) <= 0.01 * max(a, b), (py["batch_ns"], rtl["batch_ns"])
+        assert abs(a - b) <= max(0.01 * max(a, b), 128), (py["batch_ns"], rtl["batch_ns"])
+    total_py, total_rtl = sum(py["batch_ns"]), sum(rtl["batch_ns"])
+    assert abs(total_py - total_rtl) <= 0.005 * max(total_py, total_rtl)
 
 
 def test_pcap_decodes_as_rocev2(system_run, pcap_path):

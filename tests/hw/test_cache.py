@@ -13,12 +13,11 @@
 import random
 
 import pytest
-from amaranth.hdl import Module, ResetInserter, Signal
-from amaranth.lib import wiring
 
 from hw.lib.cache import CacheOp, SetAssocCache
 from sim.host import HostMemory
 from tests.hw.dma_models import cache_sim, tick_until
+from tests.hw.port_drivers import Resettable
 
 BASE = 0x10000
 
@@ -359,28 +358,6 @@ def test_addressed_fill_cache(sequential):
             (model.hits, model.misses, model.evictions) and model.writebacks == 0
 
 
-class _Resettable(wiring.Component):
-    """The cache behind a reset of its own (``rst``), with the same ports."""
-
-    def __init__(self, cache):
-        self.cache = cache
-        self.rst = Signal()
-        super().__init__(cache.signature)
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.cache = ResetInserter({"sync": self.rst})(self.cache)
-        for name, member in self.signature.members.items():
-            outer, inner = getattr(self, name), getattr(self.cache, name)
-            if member.is_port:
-                m.d.comb += (inner.eq(outer) if member.flow == wiring.In else outer.eq(inner))
-            elif member.flow == wiring.In:
-                wiring.connect(m, wiring.flipped(outer), inner)
-            else:
-                wiring.connect(m, inner, wiring.flipped(outer))
-        return m
-
-
 def test_reset_empties_the_cache():
     """A reset empties the cache although its tag and line memories keep their contents: a
     dirty entry written before the reset is neither hit nor written back after it (the NIC's
@@ -388,7 +365,7 @@ def test_reset_empties_the_cache():
     contexts), and a read of its key fills from host memory."""
     cache = SetAssocCache(entry_bytes=16, key_bits=8, sets=4, ways=2, policy="lru", mshrs=2,
                           data_bytes=8, id_bits=4)
-    dut = _Resettable(cache)
+    dut = Resettable(cache)
     mem = HostMemory()
     mem.write(BASE + 16 * 3, (555).to_bytes(16, "little"))
     sim, dma = cache_sim(dut, 8, mem=mem, seed=3, lat=(5, 10), p_ready=1.0, p_gap=0.0)

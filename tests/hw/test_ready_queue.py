@@ -7,6 +7,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from hw.lib.ready_queue import ReadyQueue
+from tests.hw.port_drivers import Resettable
 
 
 def run(n, pushes_per_cycle, p_ready, cycles, seed, hot=None):
@@ -27,8 +28,8 @@ def run(n, pushes_per_cycle, p_ready, cycles, seed, hot=None):
             if not draining and rng.random() < pushes_per_cycle:
                 push = rng.choice(hot) if hot and rng.random() < 0.5 else rng.randrange(n)
             ready = draining or rng.random() < p_ready
-            ctx.set(dut.push.valid, push is not None)
-            ctx.set(dut.push.payload.index, push or 0)
+            ctx.set(dut.push[0].valid, push is not None)
+            ctx.set(dut.push[0].payload.index, push or 0)
             ctx.set(dut.pop.ready, ready)
             _, _, v, idx, count = await ctx.tick().sample(dut.pop.valid, dut.pop.payload.index,
                                                           dut.count)
@@ -77,8 +78,8 @@ def test_one_pop_per_cycle():
     async def tb(ctx):
         ctx.set(dut.pop.ready, 1)
         for cycle in range(80):
-            ctx.set(dut.push.valid, cycle < 64)
-            ctx.set(dut.push.payload.index, cycle % 64)
+            ctx.set(dut.push[0].valid, cycle < 64)
+            ctx.set(dut.push[0].payload.index, cycle % 64)
             _, _, v, idx = await ctx.tick().sample(dut.pop.valid, dut.pop.payload.index)
             if v:
                 got.append((cycle, idx))
@@ -91,7 +92,97 @@ def test_one_pop_per_cycle():
     assert got[-1][0] - got[0][0] == 63
 
 
+def run_ports(n, ports, rate, p_ready, cycles, seed):
+    """Several push ports at random (the same index on two ports now and then): checked every
+    cycle against the model, in which the lower port's push comes first."""
+    dut = ReadyQueue(n, ports=ports)
+    rng = random.Random(seed)
+    model = []
+    stats = {"pushes": 0, "merges": 0, "pops": 0}
+
+    async def tb(ctx):
+        for cycle in range(cycles + 4 * n):
+            draining = cycle >= cycles
+            pushes = []
+            for p in range(ports):
+                idx = None
+                if not draining and rng.random() < rate:
+                    idx = pushes[-1] if pushes and pushes[-1] is not None and rng.random() < 0.2 \
+                        else rng.randrange(n)
+                pushes.append(idx)
+                ctx.set(dut.push[p].valid, idx is not None)
+                ctx.set(dut.push[p].payload.index, idx or 0)
+            ready = draining or rng.random() < p_ready
+            ctx.set(dut.pop.ready, ready)
+            _, _, v, idx, count = await ctx.tick().sample(dut.pop.valid, dut.pop.payload.index,
+                                                          dut.count)
+            assert count == len(model), f"cycle {cycle}: count {count}, model {len(model)}"
+            if v and ready:
+                assert model and model[0] == idx, f"cycle {cycle}: popped {idx}, model {model[:3]}"
+                model.pop(0)
+                stats["pops"] += 1
+            for push in pushes:
+                if push is None:
+                    continue
+                stats["pushes"] += 1
+                if push in model:
+                    stats["merges"] += 1
+                else:
+                    model.append(push)
+        assert ctx.get(dut.pushes) == stats["pushes"]
+        assert ctx.get(dut.merged) == stats["merges"]
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    assert model == []
+    return stats
+
+
+@pytest.mark.parametrize("n,ports,rate,p_ready", [(4, 2, 0.8, 0.5), (16, 3, 0.5, 0.7),
+                                                  (37, 4, 0.4, 0.9), (64, 2, 0.3, 1.0)])
+def test_push_ports_against_model(n, ports, rate, p_ready):
+    s = run_ports(n, ports, rate, p_ready, 1200, seed=n * ports)
+    assert s["merges"] > 0 and s["pops"] == s["pushes"] - s["merges"]
+
+
+def test_reset_empties_the_queue():
+    """An index queued before a reset is not queued after it: pushed again, it comes out."""
+    dut = Resettable(ReadyQueue(8))
+
+    async def tb(ctx):
+        ctx.set(dut.pop.ready, 0)
+        for i in (3, 5):
+            ctx.set(dut.push[0].valid, 1)
+            ctx.set(dut.push[0].payload.index, i)
+            await ctx.tick()
+        ctx.set(dut.push[0].valid, 0)
+        await ctx.tick()
+        assert ctx.get(dut.count) == 2
+        ctx.set(dut.rst, 1)
+        await ctx.tick()
+        ctx.set(dut.rst, 0)
+        assert ctx.get(dut.count) == 0 and not ctx.get(dut.pop.valid)
+        ctx.set(dut.push[0].valid, 1)
+        ctx.set(dut.push[0].payload.index, 5)
+        await ctx.tick()
+        ctx.set(dut.push[0].valid, 0)
+        ctx.set(dut.pop.ready, 1)
+        await ctx.tick()
+        assert ctx.get(dut.pop.valid) and ctx.get(dut.pop.payload.index) == 5
+        assert ctx.get(dut.count) == 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+
+
 def test_parameter_checked():
     with pytest.raises(ValueError) as e:
         ReadyQueue(1)
     assert str(e.value) == "n must be an integer in [2, 65536], not 1"
+    with pytest.raises(ValueError) as e:
+        ReadyQueue(8, ports=5)
+    assert str(e.value) == "ports must be an integer in [1, 4], not 5"
