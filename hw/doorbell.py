@@ -15,9 +15,9 @@ value readable, and the count of rings.
 Send doorbells are **coalesced per QP**, never dropped: the producer index in a ring is
 absolute (free running), so a newer ring for a QP supersedes one not yet taken, as the
 doorbell record of a real RNIC does. A valid ring writes the QP's latest ``pi`` (a memory of
-``n_qps`` entries) and, if the QP has no ring pending yet, appends its QPN to a queue of
-pending QPs (each QP is in it at most once, so ``n_qps + 1`` entries never overflow); the
-head of that queue is moved, with the QP's latest ``pi``, into the output register that
+``n_qps`` entries) and pushes its QPN on a ready queue of pending QPs
+(:class:`~hw.lib.ready_queue.ReadyQueue`: each QP is in it at most once, so it never
+overflows); the oldest is moved, with the QP's latest ``pi``, into the output register that
 drives ``sq_db``. The consumer (the requester's send engine) takes doorbells only between
 batches, so with many QPs ringing a queue of individual rings could fill up and lose the
 last ring of a QP, whose posted work requests would then never be sent. QPs are served in
@@ -55,6 +55,7 @@ from .formats import DOORBELL, WQE
 from .mmio import BF_WRITE
 from .interfaces import MmioSignature, Lookup, DoorbellEvent
 from .lib.csr import window_addr_width
+from .lib.ready_queue import ReadyQueue
 from .regmap import BLUEFLAME_BASE, Reg
 from amaranth.utils import ceil_log2
 
@@ -134,8 +135,7 @@ class Doorbells(wiring.Component):
         m.submodules.sq_pi = sq_pi = memory.Memory(shape=16, depth=nq, init=[])
         pi_wr = sq_pi.write_port()
         pi_rd = sq_pi.read_port(domain="comb")
-        m.submodules.sq_fifo = sq_q = fifo.SyncFIFO(width=qb, depth=nq + 1)
-        pend = Signal(nq)                   # QP is in sq_q
+        m.submodules.sq_queue = sq_q = ReadyQueue(nq)
         out_v = Signal()
         out_q = Signal(qb)
         out_pi = Signal(16)
@@ -144,20 +144,18 @@ class Doorbells(wiring.Component):
             self.sq_db.payload.qpn.eq(out_q),
             self.sq_db.payload.pi.eq(out_pi),
         ]
+        # a ring of the QP being loaded this cycle queues it again (its pi is newer)
         load = Signal()
+        head = sq_q.pop.payload.index
         m.d.comb += [
-            load.eq(sq_q.r_rdy & (~out_v | self.sq_db.ready)),
-            sq_q.r_en.eq(load),
-            pi_rd.addr.eq(sq_q.r_data),
+            load.eq(sq_q.pop.valid & (~out_v | self.sq_db.ready)),
+            sq_q.pop.ready.eq(load),
+            pi_rd.addr.eq(head),
         ]
-        pend_clr = Signal(nq)
-        pend_set = Signal(nq)
         with m.If(load):
-            m.d.comb += pend_clr.eq(Const(1, nq) << sq_q.r_data)
-            m.d.sync += [out_v.eq(1), out_q.eq(sq_q.r_data), out_pi.eq(pi_rd.data)]
+            m.d.sync += [out_v.eq(1), out_q.eq(head), out_pi.eq(pi_rd.data)]
         with m.Elif(self.sq_db.ready):
             m.d.sync += out_v.eq(0)
-        m.d.sync += pend.eq((pend & ~pend_clr) | pend_set)
 
         push_ok = Signal()
         reject = Signal()
@@ -167,12 +165,10 @@ class Doorbells(wiring.Component):
             q = ring_qpn[:qb]
             good = (ring_qpn < nq) & (self.bind.data == ring_reg)
             with m.If(good):
-                # the QP enters the queue unless it is there already (and not leaving it
-                # this very cycle); the queue has room for every QP, so sq_q.w_rdy holds
+                # the QP enters the queue unless it is there already
                 m.d.comb += [pi_wr.addr.eq(q), pi_wr.data.eq(ring_pi), pi_wr.en.eq(1),
-                             push_ok.eq(1), pend_set.eq(Const(1, nq) << q)]
-                with m.If(~pend.bit_select(q, 1) | (load & (sq_q.r_data == q))):
-                    m.d.comb += [sq_q.w_en.eq(1), sq_q.w_data.eq(q)]
+                             push_ok.eq(1), sq_q.push[0].valid.eq(1),
+                             sq_q.push[0].payload.index.eq(q)]
                 # the WQE of a good BlueFlame write goes to the requester too
                 m.d.comb += [self.sq_bf.valid.eq(self.bf.valid),
                              self.sq_bf.payload.qpn.eq(ring_qpn),

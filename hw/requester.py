@@ -177,7 +177,6 @@ from .arbiter import StreamArbiter
 from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent)
 from .lib.mem_array import MemArray
-from .lib.reg_array import RegArray
 from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
 from .lib.ready_queue import ReadyQueue
@@ -297,65 +296,55 @@ class Requester(wiring.Component):
         trk_rrd = trk.read_port(domain="comb")     # response FSM: head of rcur
         trk_wr = trk.write_port()
 
-        # ---------------- per-QP state: registers (scanned) and memories (read at one QP)
-        def arr(width, name, init=0):
-            return Array(Signal(width, name=f"{name}{i}", init=init) for i in range(nq))
-
-        def regs(width, name, ports, init=0):
-            """Per-QP registers written through ports (hw/lib/reg_array.py): "tx" the send
-            FSM, "rx" the response FSM, "gq" the fetch issue, "xq" the timers, "evc" / "evs"
-            / "evr" the QP-event bookkeeping; in this order of priority, as the statements
-            they replace come in this file."""
-            r = RegArray(nq, width, ports, init=init)
-            m.submodules[f"q_{name}"] = r
-            return r
-
+        # ---------------- per-QP state: memories, read at the QPs being served
         mems = []
 
         def mregs(width, name, ports, reads=1, init=0):
-            """Per-QP state that no block scans: a memory (hw/lib/mem_array.py, valid bits
-            reset it), written through ports as ``regs`` and read at ``reads`` distinct
-            indices (the QP being served: ``cur``, ``rcur``, ...)."""
+            """Per-QP state in a memory (hw/lib/mem_array.py, valid bits reset it), written
+            through ports ("tx" the send FSM, "rx" the response FSM, "gq" the fetch issue,
+            "xq" the timers, "evc" / "evs" / "evr" the QP-event bookkeeping; a later port
+            wins) and read at ``reads`` distinct indices (``cur``, ``rcur``, the ready
+            queue's and the service queue's oldest QP, ...). Nothing is scanned."""
             r = MemArray(nq, width, ports, [f"r{k}" for k in range(reads)], init=init)
             m.submodules[f"m_{name}"] = r
             mems.append(r)
             return r
 
-        pi = regs(16, "pi", ("tx",))
-        fi = regs(16, "fi", ("tx",))
-        ci = regs(16, "ci", ("tx", "rx"))
+        pi = mregs(16, "pi", ("tx",), reads=6)
+        fi = mregs(16, "fi", ("tx",), reads=5)
+        ci = mregs(16, "ci", ("tx", "rx"), reads=5)
         npsn = mregs(24, "npsn", ("tx",))
         # the highest PSN given to a message since the QP got its send PSN: an ACK or NAK
         # beyond it answers nothing this QP sent (IBA 9.7.5.1) and is dropped
         hi_psn = mregs(24, "hi_psn", ("tx",), reads=2)
-        head = regs(mo_bits + 1, "head", ("tx", "rx"))
-        tail = regs(mo_bits + 1, "tail", ("tx",))
+        head = mregs(mo_bits + 1, "head", ("tx", "rx"), reads=6)
+        tail = mregs(mo_bits + 1, "tail", ("tx",), reads=6)
         # READ/atomic requests outstanding and the fence flag: the send FSM (commit, reset)
         # wins over the response FSM (completion) and writes the merged value when both work
         # on one QP in the same cycle
-        rd_out = regs(5, "rd_out", ("rx", "tx"))
-        fence_wait = regs(1, "fence_wait", ("rx", "tx"))
+        rd_out = mregs(5, "rd_out", ("rx", "tx"), reads=4)
+        fence_wait = mregs(1, "fence_wait", ("rx", "tx"), reads=4)
         # READ/atomic limit and send CQ of the QP, captured when a message enters the tracker
         # (the response FSM uses these instead of the QP lookup, which the send FSM owns)
-        qlim = regs(5, "qlim", ("tx",), init=16)
+        qlim = mregs(5, "qlim", ("tx",), reads=3, init=16)
         qcq = mregs(regmap.QP_CTX["send_cq"].shape, "qcq", ("tx",))
-        rts = regs(1, "rts", ("tx",))
-        err = regs(1, "err", ("tx", "rx"))
+        rts = mregs(1, "rts", ("tx",), reads=7)
+        err = mregs(1, "err", ("tx", "rx"), reads=9)
         # a local error waits until the messages sent before the failed WQE have completed
-        lerr = regs(1, "lerr", ("tx",))
-        lerr_idx = regs(16, "lerr_idx", ("tx",))
+        lerr = mregs(1, "lerr", ("tx",), reads=7)
+        lerr_idx = mregs(16, "lerr_idx", ("tx",), reads=2)
         # QP events waiting to be applied while the FSM is idle
-        ev_pend = regs(1, "ev_pend", ("evc", "evs"))
-        ev_reset = regs(1, "ev_reset", ("evs", "evr"))
+        ev_pend = mregs(1, "ev_pend", ("evc", "evs"), reads=8)
+        ev_reset = mregs(1, "ev_reset", ("evs", "evr"), reads=4)
         ev_state = mregs(3, "ev_state", ("evs",), reads=3)
         ev_psn = mregs(24, "ev_psn", ("evs",))
         # ---- retransmission (IBA 9.7.6.1, go-back-N from the oldest outstanding message)
         # rewind requested (by a PSN sequence NAK, an ACK timeout, the end of an RNR wait or
         # an out-of-order READ response); applied by the send FSM
-        rwd_pend = regs(1, "rwd_pend", ("tx", "rx", "xq"))
+        rwd_pend = mregs(1, "rwd_pend", ("tx", "rx", "xq"), reads=5)
         rwd_cnt = mregs(1, "rwd_cnt", ("rx", "xq"))         # the rewind counts against retry_cnt
         rtx_started = mregs(1, "rtx_started", ("tx", "rx")) # rewound, no progress since: ignore further NAKs
-        rnr_wait = regs(1, "rnr_wait", ("tx", "rx", "xq"))       # waiting for the RNR timer
+        rnr_wait = mregs(1, "rnr_wait", ("tx", "rx", "xq"), reads=4)       # waiting for the RNR timer
         retry_used = mregs(3, "retry_used", ("tx", "rx"))
         rnr_used = mregs(3, "rnr_used", ("tx", "rx"))
         # the QP's timeout / retry_cnt / rnr_retry, captured when a message enters the tracker
@@ -387,7 +376,7 @@ class Requester(wiring.Component):
         rcur = Signal(self.qpn_bits)        # QP of the response being handled
         rx_busy = Signal()                  # the response FSM is not idle
 
-        inflight = regs(1, "inflight", ("gq", "tx"))      # a fetched batch of this QP is queued or being sent
+        inflight = mregs(1, "inflight", ("gq", "tx"), reads=3)      # a fetched batch of this QP is queued or being sent
 
         def flush_cond(q, name):
             """QP q has work requests to flush: in ERR, or its failed WQE is the oldest, and
@@ -492,7 +481,8 @@ class Requester(wiring.Component):
         m.d.comb += [
             armed.eq((count(ts) != 0) & rts[ts] & ~err[ts] & ~ev_pend[ts] & ~rwd_pend[ts]),
             timer.armed.eq(armed),
-            timer.kick.eq(Mux(tx_kick, 1 << cur, 0) | Mux(rx_kick, 1 << rcur, 0)),
+            timer.kick[0].valid.eq(tx_kick), timer.kick[0].payload.qpn.eq(cur),
+            timer.kick[1].valid.eq(rx_kick), timer.kick[1].payload.qpn.eq(rcur),
             timer.to_value.eq(q_to[timer.to_index]),
         ]
 

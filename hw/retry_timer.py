@@ -21,14 +21,16 @@ timer of an idle QP that has requests outstanding (``armed``: a combinational an
 the QP at ``to_index``, like ``to_value``, so that no per-QP mask is built), restarts it on
 a ``kick`` (progress), stops it when nothing is outstanding, and reports an expired ACK or
 RNR timer on ``expire`` (one pulse, the requester always takes it). A QP is therefore looked
-at every ``n_qps`` cycles: the timers are late by at most that many cycles plus one tick,
-far below their microsecond range, while the hardware is one memory and one comparator
+at every ``n_qps`` cycles: the timers are late by at most that many cycles plus one tick
+(at 250 MHz: 4 us at 1,024 QPs, 16 us at 4,096; the shortest ACK timeout is 4.096 us, the
+shortest RNR wait 10 us), while the hardware is one memory and one comparator
 instead of a counter per QP.
 
 ``rnr`` (always ready) starts the RNR wait of a QP; it takes the row's write port that cycle
 and the scanner waits.
 
-Ports: ``kick: In(n_qps)`` (pulses: restart the ACK timer), ``armed: In(1)`` (level: the QP
+Ports: ``kick: In(stream of {qpn}, always ready).array(2)`` (pulses: restart the ACK timer
+of that QP; two ports, the send and the response engine), ``armed: In(1)`` (level: the QP
 at ``to_index`` has requests outstanding and may time out),
 ``rnr: In(stream of {qpn, code})``, ``to_index: Out(qpn_bits)`` / ``to_value: In(5)`` (the
 ``timeout`` exponent of the QP being scanned: a combinational lookup answered by the
@@ -79,9 +81,9 @@ class RetryTimer(wiring.Component):
     """Local ACK and RNR timers of ``n_qps`` QPs; ``tick_cycles`` clock cycles per 1.024 us."""
 
     def __init__(self, n_qps, tick_cycles):
-        if (not isinstance(n_qps, int) or isinstance(n_qps, bool) or not 2 <= n_qps <= 1024
+        if (not isinstance(n_qps, int) or isinstance(n_qps, bool) or not 2 <= n_qps <= 65536
                 or n_qps & (n_qps - 1)):
-            raise ValueError(f"n_qps must be a power of two in [2, 1024], not {n_qps!r}")
+            raise ValueError(f"n_qps must be a power of two in [2, 65536], not {n_qps!r}")
         if (not isinstance(tick_cycles, int) or isinstance(tick_cycles, bool)
                 or not 1 <= tick_cycles <= 1 << 20):
             raise ValueError(f"tick_cycles must be an integer in [1, {1 << 20}], not {tick_cycles!r}")
@@ -90,7 +92,8 @@ class RetryTimer(wiring.Component):
         qb = ceil_log2(n_qps)
         self.qpn_bits = qb
         super().__init__({
-            "kick": In(n_qps),
+            "kick": In(stream.Signature(data.StructLayout({"qpn": qb}),
+                                        always_ready=True)).array(2),
             "armed": In(1),
             "rnr": In(RnrStart(qb)),
             "to_index": Out(qb),
@@ -120,11 +123,15 @@ class RetryTimer(wiring.Component):
 
         rnr_table = Array(Const(rnr_ticks(c), TIME_BITS) for c in range(32))
 
-        # kicks wait (sticky) until their QP is scanned
+        # kicks wait (sticky, one bit per QP set and cleared at one index) until their QP
+        # is scanned; a kick in the cycle of its QP's scan stays pending
         kick_pend = Signal(nq)
         scan = Signal(qb)
-        clear = Signal(nq)
-        m.d.sync += kick_pend.eq((kick_pend & ~clear) | self.kick)
+        with m.If(~self.rnr.valid):
+            m.d.sync += kick_pend.bit_select(scan, 1).eq(0)
+        for k in self.kick:
+            with m.If(k.valid):
+                m.d.sync += kick_pend.bit_select(k.payload.qpn, 1).eq(1)
 
         m.d.comb += [rd.addr.eq(scan), self.to_index.eq(scan)]
         row = rd.data
@@ -146,7 +153,7 @@ class RetryTimer(wiring.Component):
             ]
         with m.Else():
             m.d.sync += scan.eq(scan + 1)
-            m.d.comb += [clear.eq(1 << scan), wr.addr.eq(scan), wr.data.eq(row)]
+            m.d.comb += [wr.addr.eq(scan), wr.data.eq(row)]
             armed = self.armed
             kicked = kick_pend.bit_select(scan, 1)
             with m.Switch(row.mode):

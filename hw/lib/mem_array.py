@@ -32,8 +32,8 @@ The memory's initial contents are ``init`` in both, so the array is right from t
 cycle of a simulation.
 
 Parameters: ``n`` (elements) in [1, 65536], ``shape`` (of each element), ``ports`` (names of
-the write ports in priority order, lowest first) and ``reads`` (names of the read ports):
-1 to 8 distinct identifiers each, all distinct, none ``busy``; ``init`` (the reset value of
+the write ports in priority order, lowest first; 1 to 8) and ``reads`` (names of the read
+ports; 1 to 16): distinct identifiers, all distinct, none ``busy``; ``init`` (the reset value of
 every element); ``reset`` (``"valid"`` or ``"sweep"``, above).
 
 Ports: ``busy: Out(1)``; per write port ``p``: ``p: In(RegWriteSignature(n, shape))``
@@ -63,8 +63,8 @@ class MemReadSignature(wiring.Signature):
         })
 
 
-def _names_ok(names):
-    return (1 <= len(names) <= 8 and len(set(names)) == len(names)
+def _names_ok(names, most):
+    return (1 <= len(names) <= most and len(set(names)) == len(names)
             and all(isinstance(p, str) and p.isidentifier() and p != "busy" for p in names))
 
 
@@ -75,11 +75,11 @@ class MemArray(wiring.Component):
             raise ValueError(f"reset must be 'valid' or 'sweep', not {reset!r}")
         self.reset = reset
         ports, reads = tuple(ports), tuple(reads)
-        if not _names_ok(ports):
+        if not _names_ok(ports, 8):
             raise ValueError(f"ports must be 1 to 8 distinct identifiers other than 'busy', "
                              f"not {ports!r}")
-        if not _names_ok(reads) or set(reads) & set(ports):
-            raise ValueError(f"reads must be 1 to 8 distinct identifiers other than 'busy' "
+        if not _names_ok(reads, 16) or set(reads) & set(ports):
+            raise ValueError(f"reads must be 1 to 16 distinct identifiers other than 'busy' "
                              f"and the write ports, not {reads!r}")
         self.n = n
         self.shape = Shape.cast(shape)

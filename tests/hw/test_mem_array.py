@@ -154,8 +154,8 @@ def test_write_and_read_helpers():
     (dict(n=0, shape=4, ports=("a",), reads=("x",)), "n must be an integer in [1, 65536], not 0"),
     (dict(n=4, shape=4, ports=(), reads=("x",)), "ports must be 1 to 8 distinct identifiers"),
     (dict(n=4, shape=4, ports=("busy",), reads=("x",)), "ports must be 1 to 8 distinct identifiers"),
-    (dict(n=4, shape=4, ports=("a",), reads=()), "reads must be 1 to 8 distinct identifiers"),
-    (dict(n=4, shape=4, ports=("a",), reads=("a",)), "reads must be 1 to 8 distinct identifiers"),
+    (dict(n=4, shape=4, ports=("a",), reads=()), "reads must be 1 to 16 distinct identifiers"),
+    (dict(n=4, shape=4, ports=("a",), reads=("a",)), "reads must be 1 to 16 distinct identifiers"),
     (dict(n=4, shape=4, ports=("a",), reads=("x",), reset="flash"),
      "reset must be 'valid' or 'sweep', not 'flash'"),
 ])

@@ -18,7 +18,11 @@ def run(script, n_cycles, timeouts=(1, 1, 1, 1)):
     async def tb(ctx):
         for cyc in range(n_cycles):
             ins = script(cyc)
-            ctx.set(dut.kick, ins.get("kick", 0))
+            kicks = [q for q in range(NQ) if ins.get("kick", 0) >> q & 1]
+            assert len(kicks) <= 2          # two kick ports
+            for port, q in zip(dut.kick, kicks + [None, None]):
+                ctx.set(port.valid, q is not None)
+                ctx.set(port.payload.qpn, q or 0)
             # armed is answered for the QP the timer scans (to_index)
             ctx.set(dut.armed, (ins.get("armed", 0) >> ctx.get(dut.to_index)) & 1)
             rnr = ins.get("rnr")
@@ -97,7 +101,7 @@ def test_rnr_wait_never_shorter_than_the_table(code):
 
 
 def test_bad_parameters():
-    with pytest.raises(ValueError, match=r"n_qps must be a power of two in \[2, 1024\], not 3"):
+    with pytest.raises(ValueError, match=r"n_qps must be a power of two in \[2, 65536\], not 3"):
         RetryTimer(3, 4)
     with pytest.raises(ValueError, match=r"tick_cycles must be an integer in \[1, 1048576\], not 0"):
         RetryTimer(4, 0)
