@@ -20,7 +20,7 @@ from .lib.checks import check_int as _check_range, check_number as _check_float,
 
 
 # the largest n_qps (a power of two) the NIC accepts
-MAX_QPS = 1024
+MAX_QPS = 16384
 
 
 @dataclass(frozen=True)
@@ -310,7 +310,7 @@ class SystemConfig:
 # threads at depth 1 give 5.1 Mops); see docs/timing.md for the derivation.
 _CONNECTX6 = SystemConfig(
     name="connectx6",
-    nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=64, n_cqs=64, n_mrs=16,
+    nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=1024, n_cqs=64, n_mrs=16,
                   n_doorbells=16, mtu=4096, max_rd_atomic=16, max_outstanding=32,
                   pipeline_ns=118.5, mr_cache_sets=8, mr_cache_ways=2,
                   cq_cache_sets=32, cq_cache_ways=2,

@@ -24,9 +24,12 @@ window (default 200,000 cycles; raw runs 5x as long).
 Issue 8 adds, with the RTL host: ``peak_read_mops`` / ``peak_write_mops``, the 8-byte
 READ / WRITE rate with every QP pair the preset holds (at most 64, QPNs 0 and 1 reserved, all QPs of a node sharing
 one MR) keeping 16 requests in flight; and ``qps_<n>_cycles_per_s`` for n = 64, 1,024 and
-4,096: the standard 8-byte load on the system built with ``n_qps = n`` (``QPS=64,1024``
-chooses the sizes; 64 by default, as a 1,024-QP build takes long; a size not measured is
-None in the summary, with the reason in ``qps_not_measured``).
+4,096: the standard 8-byte load on the system built with ``n_qps = n`` (``QPS=64,1024,4096``
+chooses the sizes; by default only the preset's own, as every other size is a build of its
+own: at 4,096 QPs about half an hour here; a size not measured is
+None in the summary, with the reason in ``qps_not_measured``). ``ONLY=qps`` runs the
+scaling measurement alone (into ``results/bench/qps_summary.json``, no row in
+docs/performance.md).
 """
 
 import datetime
@@ -138,12 +141,13 @@ def _qps(s, base, qps, cycles):
         elif n not in qps:
             s[key] = None
             s["qps_not_measured"][n] = "not asked for (QPS=64,1024 measures it)"
-        elif n == base.nic.n_qps:
+        elif n == base.nic.n_qps and "loaded_rtl_8_cycles_per_s" in s:
             s[key] = s["loaded_rtl_8_cycles_per_s"]
         else:
             cfg = base.replace(host__kind="rtl", nic__n_qps=n)
             with tempfile.TemporaryDirectory() as tmp:
-                r = _tb(build_system(cfg, fast=True), cfg, "loaded", cycles, tmp, BENCH_SIZE=8)
+                r = _tb(build_system(cfg, fast=True), cfg, "loaded", cycles, tmp, BENCH_SIZE=8,
+                        BENCH_N_QPS=n)
             s[key] = r["cycles_per_s"]
         if s[key] is not None:
             print(f"loaded, RTL host, 8-byte ops, n_qps = {n}: {s[key]:,.0f} cycles/s")
@@ -169,10 +173,22 @@ def main(argv):
     kv = dict(a.split("=", 1) for a in argv if "=" in a)
     name = kv.get("PRESET", os.environ.get("PRESET", "connectx6"))
     cycles = int(kv.get("CYCLES", "200000"))
-    qps = tuple(int(q) for q in kv.get("QPS", "64").split(","))
+    own = preset(name).nic.n_qps           # measured anyway: the preset's own build
+    qps = tuple(int(q) for q in kv.get("QPS", str(own if own in (64, 1024, 4096) else 64))
+                .split(","))
     for q in qps:
         if q not in (64, 1024, 4096):
             raise ValueError(f"QPS must list values of 64, 1024, 4096, not {q}")
+    if kv.get("ONLY") not in (None, "qps"):
+        raise ValueError(f"ONLY must be 'qps' (the scaling measurement alone), not {kv['ONLY']!r}")
+    if kv.get("ONLY") == "qps":
+        s = {"preset": name, "commit": git_commit(), "date": str(datetime.date.today()),
+             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "cycles": cycles}
+        _qps(s, preset(name), qps, cycles)
+        out = results_dir("bench")
+        (out / "qps_summary.json").write_text(json.dumps(s, indent=2) + "\n")
+        print(f"written {out / 'qps_summary.json'}")
+        return 0
     s = measure(name, cycles, qps)
     out = results_dir("bench")
     (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")

@@ -28,6 +28,8 @@ from sim.verbs import SendWR
 
 CFG = preset(os.environ.get("RNIC_PRESET", "connectx6")).replace(
     host__kind=os.environ.get("RNIC_HOST", "python"))
+if os.environ.get("BENCH_N_QPS"):       # the build's n_qps, if not the preset's
+    CFG = CFG.replace(nic__n_qps=int(os.environ["BENCH_N_QPS"]))
 CYCLES = int(os.environ.get("BENCH_CYCLES", "200000"))
 PAIRS = int(os.environ.get("BENCH_PAIRS", "4"))
 WINDOW = int(os.environ.get("BENCH_WINDOW", "8"))

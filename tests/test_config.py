@@ -11,7 +11,7 @@ def test_presets_exist():
 
 @pytest.mark.parametrize("kw, msg", [
     ({"data_bytes": 12}, r"data_bytes must be a power of two in \[8, 64\], not 12"),
-    ({"n_qps": 0}, r"n_qps must be a power of two in \[2, 1024\], not 0"),
+    ({"n_qps": 0}, r"n_qps must be a power of two in \[2, 16384\], not 0"),
     ({"n_doorbells": 513}, r"n_doorbells must be an integer in \[1, 512\], not 513"),
     ({"mtu": 1500}, r"mtu must be one of 256, 512, 1024, 2048, 4096, not 1500"),
     ({"max_rd_atomic": 17}, r"max_rd_atomic must be an integer in \[1, 16\], not 17"),
