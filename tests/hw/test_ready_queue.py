@@ -10,11 +10,10 @@ from hw.lib.ready_queue import ReadyQueue
 from tests.hw.port_drivers import Resettable
 
 
-def run(n, pushes_per_cycle, p_ready, cycles, seed, hot=None):
-    """Random pushes (an index, or None for no push, per cycle) and random pop back-pressure.
-    Checks every cycle against the model; returns (pops, model merges, counters)."""
-    dut = ReadyQueue(n)
-    rng = random.Random(seed)
+def drive(dut, n, cycles, p_ready, rng, pick):
+    """Pushes chosen by ``pick(draining) -> [index or None per push port]`` and random pop
+    back-pressure, checked every cycle against the model (in one cycle the lower port's push
+    comes first). Returns (pops, model merges, counters)."""
     model = []
     pops = []
     merges = 0
@@ -24,12 +23,11 @@ def run(n, pushes_per_cycle, p_ready, cycles, seed, hot=None):
         nonlocal merges
         for cycle in range(cycles + 4 * n):
             draining = cycle >= cycles
-            push = None
-            if not draining and rng.random() < pushes_per_cycle:
-                push = rng.choice(hot) if hot and rng.random() < 0.5 else rng.randrange(n)
+            pushes = pick(draining)
+            for port, idx in zip(dut.push, pushes):
+                ctx.set(port.valid, idx is not None)
+                ctx.set(port.payload.index, idx or 0)
             ready = draining or rng.random() < p_ready
-            ctx.set(dut.push[0].valid, push is not None)
-            ctx.set(dut.push[0].payload.index, push or 0)
             ctx.set(dut.pop.ready, ready)
             _, _, v, idx, count = await ctx.tick().sample(dut.pop.valid, dut.pop.payload.index,
                                                           dut.count)
@@ -38,7 +36,9 @@ def run(n, pushes_per_cycle, p_ready, cycles, seed, hot=None):
                 assert model and model[0] == idx, f"cycle {cycle}: popped {idx}, model {model[:3]}"
                 model.pop(0)
                 pops.append(idx)
-            if push is not None:
+            for push in pushes:
+                if push is None:
+                    continue
                 if push in model:
                     merges += 1
                 else:
@@ -53,6 +53,19 @@ def run(n, pushes_per_cycle, p_ready, cycles, seed, hot=None):
     sim.run()
     assert model == [] and out["count"] == 0
     return pops, merges, out
+
+
+def run(n, pushes_per_cycle, p_ready, cycles, seed, hot=None):
+    """One push port: an index (half the time one of ``hot``) with probability
+    ``pushes_per_cycle``."""
+    rng = random.Random(seed)
+
+    def pick(draining):
+        if draining or rng.random() >= pushes_per_cycle:
+            return [None]
+        return [rng.choice(hot) if hot and rng.random() < 0.5 else rng.randrange(n)]
+
+    return drive(ReadyQueue(n), n, cycles, p_ready, rng, pick)
 
 
 @pytest.mark.parametrize("n,rate,p_ready", [(4, 0.9, 0.3), (16, 0.6, 0.5), (37, 0.9, 0.9),
@@ -93,58 +106,27 @@ def test_one_pop_per_cycle():
 
 
 def run_ports(n, ports, rate, p_ready, cycles, seed):
-    """Several push ports at random (the same index on two ports now and then): checked every
-    cycle against the model, in which the lower port's push comes first."""
-    dut = ReadyQueue(n, ports=ports)
+    """Several push ports at random, now and then the same index on two of them."""
     rng = random.Random(seed)
-    model = []
-    stats = {"pushes": 0, "merges": 0, "pops": 0}
 
-    async def tb(ctx):
-        for cycle in range(cycles + 4 * n):
-            draining = cycle >= cycles
-            pushes = []
-            for p in range(ports):
-                idx = None
-                if not draining and rng.random() < rate:
-                    idx = pushes[-1] if pushes and pushes[-1] is not None and rng.random() < 0.2 \
-                        else rng.randrange(n)
-                pushes.append(idx)
-                ctx.set(dut.push[p].valid, idx is not None)
-                ctx.set(dut.push[p].payload.index, idx or 0)
-            ready = draining or rng.random() < p_ready
-            ctx.set(dut.pop.ready, ready)
-            _, _, v, idx, count = await ctx.tick().sample(dut.pop.valid, dut.pop.payload.index,
-                                                          dut.count)
-            assert count == len(model), f"cycle {cycle}: count {count}, model {len(model)}"
-            if v and ready:
-                assert model and model[0] == idx, f"cycle {cycle}: popped {idx}, model {model[:3]}"
-                model.pop(0)
-                stats["pops"] += 1
-            for push in pushes:
-                if push is None:
-                    continue
-                stats["pushes"] += 1
-                if push in model:
-                    stats["merges"] += 1
-                else:
-                    model.append(push)
-        assert ctx.get(dut.pushes) == stats["pushes"]
-        assert ctx.get(dut.merged) == stats["merges"]
+    def pick(draining):
+        pushes = []
+        for _ in range(ports):
+            idx = None
+            if not draining and rng.random() < rate:
+                idx = pushes[-1] if pushes and pushes[-1] is not None and rng.random() < 0.2 \
+                    else rng.randrange(n)
+            pushes.append(idx)
+        return pushes
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
-    assert model == []
-    return stats
+    return drive(ReadyQueue(n, ports=ports), n, cycles, p_ready, rng, pick)
 
 
 @pytest.mark.parametrize("n,ports,rate,p_ready", [(4, 2, 0.8, 0.5), (16, 3, 0.5, 0.7),
                                                   (37, 4, 0.4, 0.9), (64, 2, 0.3, 1.0)])
 def test_push_ports_against_model(n, ports, rate, p_ready):
-    s = run_ports(n, ports, rate, p_ready, 1200, seed=n * ports)
-    assert s["merges"] > 0 and s["pops"] == s["pushes"] - s["merges"]
+    pops, merges, c = run_ports(n, ports, rate, p_ready, 1200, seed=n * ports)
+    assert c["merged"] == merges > 0 and len(pops) == c["pushes"] - merges
 
 
 def test_reset_empties_the_queue():
