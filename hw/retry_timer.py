@@ -46,6 +46,8 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from .lib.mem_array import MemArray
+
 __all__ = ["RetryTimer", "TICK_NS", "RNR_TIMER_US", "rnr_ticks", "ack_timeout_ticks", "TIME_BITS"]
 
 #: One tick of the time base, in ns (4.096 us = 4 ticks).
@@ -123,15 +125,16 @@ class RetryTimer(wiring.Component):
 
         rnr_table = Array(Const(rnr_ticks(c), TIME_BITS) for c in range(32))
 
-        # kicks wait (sticky, one bit per QP set and cleared at one index) until their QP
-        # is scanned; a kick in the cycle of its QP's scan stays pending
-        kick_pend = Signal(nq)
+        # kicks wait (sticky, one bit per QP in a memory, set and cleared at one index)
+        # until their QP is scanned; a kick in the cycle of its QP's scan stays pending
+        m.submodules.kick_pend = kick_pend = MemArray(nq, 1, ("clr", "k0", "k1"), ("scan",))
         scan = Signal(qb)
-        with m.If(~self.rnr.valid):
-            m.d.sync += kick_pend.bit_select(scan, 1).eq(0)
-        for k in self.kick:
-            with m.If(k.valid):
-                m.d.sync += kick_pend.bit_select(k.payload.qpn, 1).eq(1)
+        m.d.comb += [kick_pend.clr.en.eq(~self.rnr.valid), kick_pend.clr.addr.eq(scan),
+                     kick_pend.clr.data.eq(0)]
+        for k, port in zip(self.kick, (kick_pend.k0, kick_pend.k1)):
+            m.d.comb += [port.en.eq(k.valid), port.addr.eq(k.payload.qpn), port.data.eq(1)]
+        rd_kick, kicked = kick_pend.read("scan", scan)
+        m.d.comb += rd_kick
 
         m.d.comb += [rd.addr.eq(scan), self.to_index.eq(scan)]
         row = rd.data
@@ -155,7 +158,6 @@ class RetryTimer(wiring.Component):
             m.d.sync += scan.eq(scan + 1)
             m.d.comb += [wr.addr.eq(scan), wr.data.eq(row)]
             armed = self.armed
-            kicked = kick_pend.bit_select(scan, 1)
             with m.Switch(row.mode):
                 with m.Case(MODE_RNR):
                     with m.If(expired):

@@ -18,18 +18,26 @@ cycle), and a read in the cycle of a write returns the old value.
 
 Reset: a memory has no reset. Two ways back to ``init`` (parameter ``reset``):
 
-* ``"valid"`` (the default): one valid bit per element, in a register that the reset
-  clears all at once (as a cache flash-clears its tag valid bits). An element whose bit is
-  clear reads ``init``; any write to it sets the bit. The array is usable in the cycle
-  after the reset (``busy`` is always low), at the cost of ``n`` flip-flops and a bit
-  select per read and write port.
+* ``"valid"`` (the default): each element carries a *generation* number beside its value,
+  in the same memory row, and a reset starts a new generation (a register the reset does
+  not clear counts generations; a reset-cleared ``alive`` bit tells it that a reset has
+  happened). An element whose generation is not the current one reads ``init``; any write
+  stores the current generation. The array is usable in the cycle after the reset
+  (``busy`` is always low) and nothing is kept per element outside the memory, so the
+  simulated logic does not grow with ``n``. A scrubber (one more read and write port, the
+  lowest priority) rewrites one stale element per cycle to ``init`` in the current
+  generation, round robin, so that no element is left unwritten for ``2**gen_bits``
+  generations and a generation number is never mistaken for a current one:
+  ``gen_bits = ceil_log2(n) + 2`` and at most one generation starts per cycle. The memory
+  starts all zero: generation 0, not current until the counter wraps, which takes at least
+  ``4 * n`` cycles, by when the scrubber has rewritten every element once.
 * ``"sweep"``: after a reset, for ``n`` cycles ``busy`` is high, the sweep writes ``init``
   into element 0, 1, ... ``n - 1``, and the ports' writes are ignored. A block using the
   array holds off its work until ``busy`` falls (an FPGA design clears its RAMs the same
   way). No flip-flop per element.
 
-The memory's initial contents are ``init`` in both, so the array is right from the first
-cycle of a simulation.
+Both are right from the first cycle of a simulation: the memory of ``"sweep"`` starts with
+``init`` in every element, that of ``"valid"`` with no element in the current generation.
 
 Parameters: ``n`` (elements) in [1, 65536], ``shape`` (of each element), ``ports`` (names of
 the write ports in priority order, lowest first; 1 to 8) and ``reads`` (names of the read
@@ -41,8 +49,8 @@ Ports: ``busy: Out(1)``; per write port ``p``: ``p: In(RegWriteSignature(n, shap
 (``addr`` driven by the reader, ``data`` the element at ``addr`` in the same cycle).
 """
 
-from amaranth.hdl import Const, Module, Mux, Shape, Signal
-from amaranth.lib import wiring
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
+from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -61,6 +69,13 @@ class MemReadSignature(wiring.Signature):
             "addr": Out(max(1, ceil_log2(n))),
             "data": In(shape),
         })
+
+
+class _Write:
+    """A write request that is not a port (the scrubber's): ``en`` and ``addr``."""
+
+    def __init__(self, en, addr):
+        self.en, self.addr = en, addr
 
 
 def _names_ok(names, most):
@@ -129,37 +144,65 @@ class MemArray(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        n = self.n
-        m.submodules.mem = mem = Memory(shape=self.shape, depth=n, init=[self.init] * n)
-        ports = [getattr(self, p) for p in self.port_names]
-        valid = Signal(n) if self.reset == "valid" else None
-        for name in self.read_names:
-            r = getattr(self, name)
-            rp = mem.read_port(domain="comb")
-            m.d.comb += rp.addr.eq(r.addr)
-            if valid is None:
-                m.d.comb += r.data.eq(rp.data)
-            else:       # an element not written since the reset reads init
-                m.d.comb += r.data.eq(Mux(valid.bit_select(r.addr, 1), rp.data, self.init))
-        if valid is None:
+        if self.reset == "sweep":
+            m.submodules.mem = mem = Memory(shape=self.shape, depth=self.n,
+                                            init=[self.init] * self.n)
+            for name in self.read_names:
+                r = getattr(self, name)
+                rp = mem.read_port(domain="comb")
+                m.d.comb += [rp.addr.eq(r.addr), r.data.eq(rp.data)]
             busy = self._sweep(m, mem)
+            self._writes(m, mem, [(getattr(self, p), getattr(self, p).data)
+                                  for p in self.port_names], busy)
         else:
-            # the valid bits: cleared by the reset, set by any write to the element
-            for p in ports:
-                with m.If(p.en):
-                    m.d.sync += valid.bit_select(p.addr, 1).eq(1)
             busy = Const(0)
+            self._generations(m)
         m.d.comb += self.busy.eq(busy)
+        return m
 
-        for k, p in enumerate(ports):
+    def _writes(self, m, mem, ports, busy):
+        """One memory write port per (port, data) in priority order: a later port writing
+        the same element this cycle wins."""
+        for k, (p, wdata) in enumerate(ports):
             wp = mem.write_port()
-            # a later port writing the same element this cycle wins
             beaten = 0
-            for later in ports[k + 1:]:
+            for later, _ in ports[k + 1:]:
                 beaten = beaten | (later.en & (later.addr == p.addr))
             m.d.comb += [wp.en.eq(p.en & ~busy & ~beaten), wp.addr.eq(p.addr),
-                         wp.data.eq(p.data)]
-        return m
+                         wp.data.eq(wdata)]
+
+    def _generations(self, m):
+        """Reset by generations (``reset="valid"``, see the module docstring)."""
+        n, gb = self.n, ceil_log2(self.n) + 2
+        row = data.StructLayout({"value": self.shape, "gen": gb})
+        m.submodules.mem = mem = Memory(shape=row, depth=n, init=[])
+        gen = Signal(gb, init=1, reset_less=True)   # the generation before the last reset
+        alive = Signal()                            # cleared by a reset: a new generation
+        cur = Signal(gb)
+        m.d.comb += cur.eq(Mux(alive, gen, gen + 1))
+        m.d.sync += alive.eq(1)
+        with m.If(~alive):
+            m.d.sync += gen.eq(gen + 1)
+
+        def read(addr):
+            rp = mem.read_port(domain="comb")
+            m.d.comb += rp.addr.eq(addr)
+            return Mux(rp.data.gen == cur, rp.data.value, self.init)
+
+        for name in self.read_names:
+            r = getattr(self, name)
+            m.d.comb += r.data.eq(read(r.addr))
+
+        # the scrubber: a stale element it passes is written init in the current generation
+        at = Signal(range(n), reset_less=True)
+        m.d.sync += at.eq(Mux(at == n - 1, 0, at + 1))
+        rp = mem.read_port(domain="comb")
+        m.d.comb += rp.addr.eq(at)
+        scrub = _Write(en=rp.data.gen != cur, addr=at)
+        init = Const(self.init, self.shape.width)
+        ports = [(scrub, Cat(init, cur))]
+        ports += [(getattr(self, p), Cat(getattr(self, p).data, cur)) for p in self.port_names]
+        self._writes(m, mem, ports, Const(0))
 
     def _sweep(self, m, mem):
         """After a reset, write init into every element, one per cycle: returns busy."""

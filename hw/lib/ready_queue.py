@@ -18,9 +18,10 @@ one ``queued`` bit per index, so the queue scales to thousands of QPs.
 * Since each index is queued at most once, ``n`` slots always suffice: every push port is
   always ready and nothing is ever lost.
 
-The queued bits are one register bit per index (cleared by reset, so that nothing queued
-before a reset survives it; read and written at the pushed and popped indices only); the
-FIFO is a memory of ``n`` indices with one write port per push port and a registered output.
+The queued bits are a :class:`~hw.lib.mem_array.MemArray` of one bit per index (a reset
+clears them all at once, so that nothing queued before a reset survives it; read and written
+at the pushed and popped indices only, so no logic is replicated per index); the FIFO is a
+memory of ``n`` indices with one write port per push port and a registered output.
 
 Parameters: ``n`` (number of indices) in [2, 65536], ``ports`` (push ports) in [1, 4].
 
@@ -36,6 +37,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from .checks import check_int
+from .mem_array import MemArray
 
 __all__ = ["ReadyQueue"]
 
@@ -59,7 +61,9 @@ class ReadyQueue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n, ib, P = self.n, self.index_bits, self.ports
-        queued = Signal(n)
+        m.submodules.queued = queued = MemArray(
+            n, 1, ("clr",) + tuple(f"set{p}" for p in range(P)),
+            tuple(f"q{p}" for p in range(P)))
         m.submodules.fifo = fifo = Memory(shape=ib, depth=n, init=[])
         f_wr = [fifo.write_port() for _ in range(P)]
         f_rd = fifo.read_port(transparent_for=())
@@ -107,19 +111,22 @@ class ReadyQueue(wiring.Component):
             for j in range(p):
                 dup = dup | (self.push[j].valid & (self.push[j].payload.index == idx))
             e = Signal(name=f"enq{p}")
-            m.d.comb += e.eq(v & ~dup & (~queued.bit_select(idx, 1) | again))
+            rd_q, is_queued = queued.read(f"q{p}", idx)
+            m.d.comb += rd_q
+            m.d.comb += e.eq(v & ~dup & (~is_queued | again))
             m.d.comb += [f_wr[p].addr.eq(add(wr_slot, n_enq)), f_wr[p].data.eq(idx),
                          f_wr[p].en.eq(e)]
             enq.append(e)
             again_any = again_any | (e & again)
             n_enq = n_enq + e
             n_valid = n_valid + v
-        # the popped bit is cleared unless pushed again; pushed bits set (later statements win)
-        with m.If(take & ~again_any):
-            m.d.sync += queued.bit_select(popped, 1).eq(0)
+        # the popped bit is cleared unless pushed again; pushed bits set (a later port wins)
+        m.d.comb += [queued.clr.en.eq(take & ~again_any), queued.clr.addr.eq(popped),
+                     queued.clr.data.eq(0)]
         for p in range(P):
-            with m.If(enq[p]):
-                m.d.sync += queued.bit_select(self.push[p].payload.index, 1).eq(1)
+            setp = getattr(queued, f"set{p}")
+            m.d.comb += [setp.en.eq(enq[p]), setp.addr.eq(self.push[p].payload.index),
+                         setp.data.eq(1)]
         m.d.sync += [
             wr_slot.eq(add(wr_slot, n_enq)),
             used.eq(used + n_enq - load),

@@ -172,3 +172,41 @@ def test_read_by_index_takes_ports_in_turn():
     assert len(dut.read_addrs()) == 2
     with pytest.raises(ValueError, match=r"all 2 read ports are in use"):
         dut[c]
+
+
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_generations_never_come_back(n):
+    """Frequent resets (runs of several cycles too) and rare writes: an element left
+    unwritten across many more resets than there are generation numbers
+    (``2**(ceil_log2(n) + 2)``) still reads ``init``; the scrubber keeps stale
+    generations from coming round again."""
+    dut = MemArray(n, 8, ("w",), ("r", "s"), init=0x3C)
+    rng = random.Random(n)
+    model = [0x3C] * n
+    resets = 0
+
+    async def tb(ctx, cd):
+        nonlocal resets
+        in_reset = False
+        for cycle in range(4000):
+            for r in ("r", "s"):
+                addr = rng.randrange(n)
+                ctx.set(getattr(dut, r).addr, addr)
+                assert ctx.get(getattr(dut, r).data) == model[addr], f"cycle {cycle}"
+            write = rng.random() < 0.05
+            addr, val = rng.randrange(n), rng.randrange(256)
+            ctx.set(dut.w.en, write)
+            ctx.set(dut.w.addr, addr)
+            ctx.set(dut.w.data, val)
+            reset = rng.random() < (0.6 if in_reset else 0.15)
+            ctx.set(cd.rst, reset)
+            await ctx.tick()
+            in_reset = reset
+            if reset:
+                resets += 1
+                model[:] = [0x3C] * n
+            elif write:
+                model[addr] = val
+
+    _sim(dut, tb)
+    assert resets > 16 * 2 ** (max(n - 1, 0).bit_length() + 2)
