@@ -4,7 +4,7 @@ Schedulers, free-slot finders and event scans all ask the same question of a vec
 request bits: is any set, and which is the lowest? Written as a chain of ``If``s (one per
 bit, the last wins), the simulator walks the whole chain every cycle, one comparison per
 bit (in the ``connectx6`` system the requester's scans over 64 QPs were among the largest
-functions Verilator generated, docs/performance.md). :func:`first_set` computes the same
+functions Verilator generated, docs/performance.md, before they became ready queues). :func:`first_set` computes the same
 answer as a synthesis tool lays out a priority encoder: isolate the lowest set bit
 (``v & -v``, one carry chain) and encode the one-hot result with one OR-reduction per
 index bit (``ceil(log2 n)`` masked reductions of the vector, each a few word operations in
@@ -15,7 +15,8 @@ a simulator, a tree of LUTs on an FPGA).
 is). ``bits`` is a value of 1 to 65,536 bits; ``name`` prefixes the signals.
 ``round_robin_pick(m, requests, last)`` is the round-robin arbiter's choice built from two
 of them (the lowest request above the last grant, else the lowest), used by the stream
-arbiters and the send scheduler.
+arbiters. (The requester's send scheduler, which scanned an ``n_qps``-bit vector with it,
+is a ready queue since 499c06b: ``hw/lib/ready_queue.py``.)
 """
 
 from amaranth.hdl import Cat, Const, Mux, Signal, Value
