@@ -41,7 +41,7 @@ from amaranth.utils import ceil_log2
 from .config import NicConfig
 from .formats import MR_ENTRY, QpState
 from .lib.mem_array import MemArray
-from .interfaces import (MmioSignature, Lookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
+from .interfaces import (MmioSignature, Lookup, CtxLookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
 from .lib.csr import window_addr_width
 from .regmap import (CONTROL_BYTES, Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE,
                      ARG_WORDS, ID_VALUE, LEGAL_TRANSITIONS)
@@ -64,6 +64,9 @@ class Context(wiring.Component):
                                    ``hw.regmap.register_map``, at address 0).
     node_id : Out(8)
     qp_req, qp_resp : In(Lookup)   QP context + state, for requester and responder.
+    qpc_resp : In(CtxLookup)       QP context (request / response) for the responder: the
+                                   answer comes the cycle after the request (the table is on
+                                   chip; a QP-context cache takes its place later).
     mr_wr : Out(stream)            SET_MR: {slot, entry} into the MR cache.
     icm_mr_base : Out(64)          host address of the MR table (MAP_ICM).
     cq_wr : Out(stream)            SET_CQ: {slot, entry} into the CQ-context cache.
@@ -87,6 +90,7 @@ class Context(wiring.Component):
             "node_id": Out(8),
             "qp_req": In(Lookup(self.qpn_bits, QP_LOOKUP)),
             "qp_resp": In(Lookup(self.qpn_bits, QP_LOOKUP)),
+            "qpc_resp": In(CtxLookup(self.qpn_bits, QP_CTX)),
             "mr_wr": Out(stream.Signature(data.StructLayout({
                 "slot": self.mr_bits, "entry": MR_ENTRY}))),
             "icm_mr_base": Out(64),
@@ -122,6 +126,16 @@ class Context(wiring.Component):
             rp = qp_mem.read_port(domain="comb")
             m.d.comb += [rp.addr.eq(port.index), port.data.ctx.eq(rp.data),
                          port.data.state.eq(states[port.index])]
+        # request / response: the index is latched, the answer is the table's entry there
+        # while it is offered (so a SET_QP between request and answer is seen)
+        rp = qp_mem.read_port(domain="comb")
+        qpc, qpc_idx, qpc_v = self.qpc_resp, Signal(self.qpn_bits), Signal()
+        m.d.comb += [rp.addr.eq(qpc_idx), qpc.resp.payload.data.eq(rp.data),
+                     qpc.resp.valid.eq(qpc_v), qpc.req.ready.eq(~qpc_v | qpc.resp.ready)]
+        with m.If(qpc.req.valid & qpc.req.ready):
+            m.d.sync += [qpc_idx.eq(qpc.req.payload.index), qpc_v.eq(1)]
+        with m.Elif(qpc.resp.ready):
+            m.d.sync += qpc_v.eq(0)
         ev_ctx = qp_mem.read_port(domain="comb")      # the modified QP's context, for its event
         rp = bind_mem.read_port(domain="comb")
         m.d.comb += [rp.addr.eq(self.bind.index), self.bind.data.eq(rp.data)]

@@ -191,7 +191,7 @@ from .rnic.response_queue import (ResponseQueue, RESP_ENTRY, AT_RES, READ_DMA_TA
                                    RESP_READ, RESP_ATOMIC, RESP_ATOMIC_PEND)
 from .lib.checks import check_pow2
 from .lib.write_gate import WriteGate
-from .regmap import mkey_index  # noqa: F401  (the MR slot computed below is the same function)
+from .regmap import QP_CTX, mkey_index  # noqa: F401  (mkey_index: the MR slot computed below is the same function)
 
 __all__ = ["Responder", "RSP_STATE", "RESP_ENTRY", "RNR_TIMER", "UDP_SPORT_BASE",
            "MSG_NONE", "MSG_SEND", "MSG_WRITE", "WQE_DMA_TAG", "READ_DMA_TAG",
@@ -253,6 +253,7 @@ class Responder(wiring.Component):
             "tx": Out(PacketOut(W)),
             "node_id": In(8),
             "qp": Out(Lookup(self.qpn_bits, QP_LOOKUP)),
+            "qpc": Out(CtxLookup(self.qpn_bits, QP_CTX)),
             "mr": Out(CtxLookup(max(1, self.mr_bits), MR_ENTRY)),
             "qp_event": In(QpEvent()),
             "rq_db": In(DoorbellEvent()),
@@ -362,14 +363,21 @@ class Responder(wiring.Component):
 
         qpn = pk.dest_qpn[:qb]
         qpn_ok = (pk.dest_qpn >> qb) == 0
-        ctx = self.qp.data.ctx
+        # the packet's QP context: requested with the packet's meta in IDLE, latched in LOAD
+        # (request / response: a context cache answers whenever it can); a context that
+        # could not be read (ctx_bad) is no valid QP: the packet is dropped
+        ctx = Signal(QP_CTX)
+        ctx_bad = Signal()
         qstate = self.qp.data.state
         state_ok = (qstate == QpState.RTR) | (qstate == QpState.RTS)
 
         m.d.comb += [
             self.qp.index.eq(qpn),
-            st_rd.addr.eq(qpn),
-            pi_rd.addr.eq(qpn),
+            st_rd.addr.eq(self.rx.meta.payload.dest_qpn[:qb]),
+            # the QP's receive state and producer index as the packet is taken (a receive
+            # doorbell or a QP event that comes after the packet is not seen by it, however
+            # long its context lookup takes; an event resetting the QP meanwhile kills it)
+            pi_rd.addr.eq(self.rx.meta.payload.dest_qpn[:qb]),
             rc_rd.addr.eq(Cat(rscan, qpn)),
         ]
         # a PSN in the half of the PSN space behind the expected PSN is a duplicate
@@ -529,28 +537,38 @@ class Responder(wiring.Component):
 
         with m.FSM(name="rsp") as fsm:
             with m.State("IDLE"):
-                m.d.comb += self.rx.meta.ready.eq(1)
-                with m.If(self.rx.meta.valid):
+                m.d.comb += [
+                    self.rx.meta.ready.eq(self.qpc.req.ready),
+                    self.qpc.req.valid.eq(self.rx.meta.valid),
+                    self.qpc.req.payload.index.eq(self.rx.meta.payload.dest_qpn[:qb]),
+                ]
+                with m.If(self.rx.meta.valid & self.qpc.req.ready):
                     m.d.sync += [
                         pk.eq(self.rx.meta.payload),
-                        killed.eq(0),
+                        # an event resetting the QP in this very cycle: the state read now
+                        # is the old one, so the packet counts as arrived before the event
+                        killed.eq(ev_reset & (ev.qpn[:qb] == self.rx.meta.payload.dest_qpn[:qb])),
                         pay_pending.eq(self.rx.meta.payload.paylen != 0),
                         f_cqe.eq(0), f_err.eq(0), f_ack.eq(0), f_wb.eq(0), c_verr.eq(0),
+                        pi_r.eq(pi_rd.data), s.eq(st_rd.data),
                     ]
                     m.next = "LOAD"
 
             with m.State("LOAD"):
-                m.d.sync += [s.eq(st_rd.data), pi_r.eq(pi_rd.data)]
-                # the requests that name an rkey look its MR entry up first
-                with m.If(is_write_first | is_read | is_atomic):
-                    m.next = "MR_REQ"
-                with m.Else():
-                    m.next = "CHECK"
+                m.d.comb += self.qpc.resp.ready.eq(1)
+                with m.If(self.qpc.resp.valid):
+                    m.d.sync += [ctx.eq(self.qpc.resp.payload.data),
+                                 ctx_bad.eq(self.qpc.resp.payload.err)]
+                    # the requests that name an rkey look its MR entry up first
+                    with m.If(is_write_first | is_read | is_atomic):
+                        m.next = "MR_REQ"
+                    with m.Else():
+                        m.next = "CHECK"
 
             mr_lookup("MR", "CHECK")
 
             with m.State("CHECK"):
-                with m.If(~qpn_ok | ~state_ok):
+                with m.If(~qpn_ok | ctx_bad | ~state_ok):
                     m.d.comb += self.stat_drop.eq(1)
                     m.next = "FIN_DISCARD"
                 with m.Elif(psn_behind):

@@ -151,6 +151,7 @@ class Rnic(wiring.Component):
         # Tables.
         wiring.connect(m, req.qp, context.qp_req)
         wiring.connect(m, resp.qp, context.qp_resp)
+        wiring.connect(m, resp.qpc, context.qpc_resp)
         # memory regions: in host memory (ICM) behind the MR cache
         wiring.connect(m, req.mr, mr_cache.lk[0])
         wiring.connect(m, resp.mr, mr_cache.lk[1])

@@ -417,11 +417,18 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
         dones = {k: [] for k in range(2)}   # per write port: [ready_cycle, tag, err]
         tx_open = None         # [meta, expected paylen, bytes]
         mr_q = None            # the MR lookup in flight: [ready_cycle, index]
+        qpc_q = None           # the QP-context lookup in flight: [ready_cycle, index]
         cyc = quiet = 0
         ctx.set(dut.node_id, NODE)
         while True:
             # combinational lookups (the indices depend on registers only)
             ctx.set(dut.qp.data.as_value(), qp_int(qps[ctx.get(dut.qp.index)]))
+            # the QP-context stand-in: request / response, random latency and back-pressure
+            ctx.set(dut.qpc.req.ready, qpc_q is None and p(0.7))
+            qpc_v = qpc_q is not None and qpc_q[0] <= cyc
+            ctx.set(dut.qpc.resp.valid, qpc_v)
+            if qpc_v:
+                ctx.set(dut.qpc.resp.payload.data.as_value(), lint(QP_CTX, qps[qpc_q[1]]["ctx"]))
             # the MR cache stand-in: request / response, random latency and back-pressure
             ctx.set(dut.mr.req.ready, mr_q is None and p(0.7))
             mr_v = mr_q is not None and mr_q[0] <= cyc
@@ -477,12 +484,17 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
                 ctx.set(s.ready, p(tx_p) and cyc >= tx_hold)
 
             # sample transfers
+            if qpc_v and ctx.get(dut.qpc.resp.ready):
+                qpc_q = None
+            elif qpc_q is None and ctx.get(dut.qpc.req.valid) and ctx.get(dut.qpc.req.ready):
+                qpc_q = [cyc + (rng.randint(1, 6) if bp else 1),   # 1: the on-chip table
+                         ctx.get(dut.qpc.req.payload.index)]
             if mr_v and ctx.get(dut.mr.resp.ready):
                 mr_q = None
             elif mr_q is None and ctx.get(dut.mr.req.valid) and ctx.get(dut.mr.req.ready):
                 mr_q = [cyc + (rng.randint(1, 6) if bp else 3),    # 3: a cache hit
                         ctx.get(dut.mr.req.payload.index)]
-            busy = mr_q is not None or (
+            busy = mr_q is not None or qpc_q is not None or (
                 any(rd.values()) or bool(rx_beats) or any(w is not None for w in wr.values())
                 or any(dones.values()) or tx_open is not None)
             if out["rx_done"] is None and not todo and not rx_beats:
