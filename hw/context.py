@@ -46,9 +46,12 @@ from .lib.csr import window_addr_width
 from .regmap import (CONTROL_BYTES, Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE,
                      ARG_WORDS, ID_VALUE, LEGAL_TRANSITIONS)
 
-__all__ = ["Context", "DB_INDEX_BITS"]
+__all__ = ["Context", "DB_INDEX_BITS", "QPC_PORTS"]
 
 DB_INDEX_BITS = 10
+
+#: the QP-context lookups (request / response), in the order of the cache's lookup ports
+QPC_PORTS = ("qpc_tx", "qpc_fetch", "qpc_resp")
 
 
 def _bits(n):
@@ -63,10 +66,12 @@ class Context(wiring.Component):
     bus : In(MmioSignature(8))     ID, NODE_ID, CMD, ARG registers (the ``control`` window of
                                    ``hw.regmap.register_map``, at address 0).
     node_id : Out(8)
-    qp_req, qp_resp : In(Lookup)   QP context + state, for requester and responder.
-    qpc_resp : In(CtxLookup)       QP context (request / response) for the responder: the
-                                   answer comes the cycle after the request (the table is on
-                                   chip; a QP-context cache takes its place later).
+    qp_req, qp_resp : In(Lookup)   QP context + state (combinational; the engines use the
+                                   state, the tests the context).
+    qpc_tx, qpc_fetch, qpc_resp : In(CtxLookup)  QP context (request / response) for the
+                                   requester's send engine (flushes), its WQE-fetch issue and
+                                   the responder: the answer comes the cycle after the request
+                                   (the table is on chip; a QP-context cache takes its place).
     mr_wr : Out(stream)            SET_MR: {slot, entry} into the MR cache.
     icm_mr_base : Out(64)          host address of the MR table (MAP_ICM).
     cq_wr : Out(stream)            SET_CQ: {slot, entry} into the CQ-context cache.
@@ -90,7 +95,7 @@ class Context(wiring.Component):
             "node_id": Out(8),
             "qp_req": In(Lookup(self.qpn_bits, QP_LOOKUP)),
             "qp_resp": In(Lookup(self.qpn_bits, QP_LOOKUP)),
-            "qpc_resp": In(CtxLookup(self.qpn_bits, QP_CTX)),
+            **{name: In(CtxLookup(self.qpn_bits, QP_CTX)) for name in QPC_PORTS},
             "mr_wr": Out(stream.Signature(data.StructLayout({
                 "slot": self.mr_bits, "entry": MR_ENTRY}))),
             "icm_mr_base": Out(64),
@@ -128,14 +133,17 @@ class Context(wiring.Component):
                          port.data.state.eq(states[port.index])]
         # request / response: the index is latched, the answer is the table's entry there
         # while it is offered (so a SET_QP between request and answer is seen)
-        rp = qp_mem.read_port(domain="comb")
-        qpc, qpc_idx, qpc_v = self.qpc_resp, Signal(self.qpn_bits), Signal()
-        m.d.comb += [rp.addr.eq(qpc_idx), qpc.resp.payload.data.eq(rp.data),
-                     qpc.resp.valid.eq(qpc_v), qpc.req.ready.eq(~qpc_v | qpc.resp.ready)]
-        with m.If(qpc.req.valid & qpc.req.ready):
-            m.d.sync += [qpc_idx.eq(qpc.req.payload.index), qpc_v.eq(1)]
-        with m.Elif(qpc.resp.ready):
-            m.d.sync += qpc_v.eq(0)
+        for name in QPC_PORTS:
+            rp = qp_mem.read_port(domain="comb")
+            qpc = getattr(self, name)
+            qpc_idx = Signal(self.qpn_bits, name=f"{name}_idx")
+            qpc_v = Signal(name=f"{name}_v")
+            m.d.comb += [rp.addr.eq(qpc_idx), qpc.resp.payload.data.eq(rp.data),
+                         qpc.resp.valid.eq(qpc_v), qpc.req.ready.eq(~qpc_v | qpc.resp.ready)]
+            with m.If(qpc.req.valid & qpc.req.ready):
+                m.d.sync += [qpc_idx.eq(qpc.req.payload.index), qpc_v.eq(1)]
+            with m.Elif(qpc.resp.ready):
+                m.d.sync += qpc_v.eq(0)
         ev_ctx = qp_mem.read_port(domain="comb")      # the modified QP's context, for its event
         rp = bind_mem.read_port(domain="comb")
         m.d.comb += [rp.addr.eq(self.bind.index), self.bind.data.eq(rp.data)]
@@ -239,7 +247,9 @@ class Context(wiring.Component):
                                      ev.payload.state.eq(QpState.RESET),
                                      ev.payload.sq_psn.eq(0), ev.payload.rq_psn.eq(0),
                                      ev.payload.rq_base.eq(qp_args.rq_base),
-                                     ev.payload.rq_log.eq(qp_args.rq_log_size)]
+                                     ev.payload.rq_log.eq(qp_args.rq_log_size),
+                                     ev.payload.new.eq(1),
+                                     ev.payload.sq_log.eq(qp_args.sq_log_size)]
                 with m.Case(Cmd.MODIFY_QP):
                     with m.If(index >= cfg.n_qps):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)
@@ -252,6 +262,7 @@ class Context(wiring.Component):
                                      st_wr.data.eq(new_state)]
                         m.d.sync += [
                             ev.valid.eq(1),
+                            ev.payload.new.eq(0),
                             ev.payload.qpn.eq(index),
                             ev.payload.state.eq(new_state),
                             ev.payload.sq_psn.eq(args[64:88]),
@@ -322,6 +333,6 @@ class Context(wiring.Component):
                 m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(err_qpn[:self.qpn_bits]),
                              st_wr.data.eq(QpState.ERR)]
                 m.d.sync += [ev.valid.eq(1), ev.payload.qpn.eq(err_qpn),
-                             ev.payload.state.eq(QpState.ERR)]
+                             ev.payload.state.eq(QpState.ERR), ev.payload.new.eq(0)]
         m.d.comb += states.read_addrs()
         return m

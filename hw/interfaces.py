@@ -104,6 +104,10 @@ QP_EVENT = data.StructLayout({
     # prefetch can read ahead from the first WQE on (hw/ctx/rq_prefetch.py)
     "rq_base": 64,
     "rq_log": 5,
+    # a new QP (SET_QP): the event carries the size of its send queue, which the requester
+    # keeps for its doorbell check (the rest of the context it looks up, hw/requester.py)
+    "new": 1,
+    "sq_log": 5,
 })
 
 

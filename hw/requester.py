@@ -168,7 +168,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import ceil_log2, exact_log2
+from amaranth.utils import bits_for, ceil_log2, exact_log2
 
 from . import formats, regmap
 from .config import NicConfig
@@ -238,7 +238,10 @@ class Requester(wiring.Component):
         ports = {
             "db": In(DoorbellEvent()),
             "qp_event": In(QpEvent()),
-            "qp": Out(Lookup(self.qpn_bits, QP_LOOKUP)),
+            # the QP context (request / response): the send engine's (a flush) and the
+            # WQE-fetch issue's
+            "qpc_tx": Out(CtxLookup(max(1, self.qpn_bits), regmap.QP_CTX)),
+            "qpc_fetch": Out(CtxLookup(max(1, self.qpn_bits), regmap.QP_CTX)),
             "mr": Out(CtxLookup(max(1, self.mr_bits), formats.MR_ENTRY)),
             "node_id": In(8),
             "wqe_rd": Out(DmaReadPort(W)),
@@ -281,8 +284,10 @@ class Requester(wiring.Component):
         KF = self.fetch_depth
         m.submodules.fetch = fetch = WqeFetch(W, K * KF)
         # WQE fetches issued and not yet taken by the send FSM, in issue order (the DMA read
-        # responses come back in that order): {qpn, count}
-        m.submodules.fq = fq = SyncFIFOBuffered(width=self.qpn_bits + 3, depth=KF)
+        # responses come back in that order): {qpn, count, bad, the QP's context} (bad: the
+        # context could not be read, nothing was fetched)
+        m.submodules.fq = fq = SyncFIFOBuffered(
+            width=self.qpn_bits + bits_for(K) + 1 + regmap.QP_CTX.size, depth=KF)
         wiring.connect(m, fetch.dma, wiring.flipped(self.wqe_rd))
         # send engine -> packet emitter (hw/rnic/packet_emitter.py): header descriptors,
         # payload beats, store and forward
@@ -353,10 +358,11 @@ class Requester(wiring.Component):
         q_rnr = mregs(3, "q_rnr", ("tx",))
         # a rewound READ resumes after the response packets it already has (IBA 9.7.5.1.5)
         rs_skip = mregs(16, "rs_skip", ("tx",))
-        # the send queue of the QP (base, log2 size), captured like q_to: where a WQE the
-        # WQE cache no longer holds is read again
+        # the send queue of the QP: its base captured like q_to, its log2 size given by the
+        # event of a new QP (SET_QP); where a WQE the WQE cache no longer holds is read
+        # again, and the bound of the doorbell check
         q_sqb = mregs(64, "q_sqb", ("tx",), reads=2)
-        q_sqlog = mregs(5, "q_sqlog", ("tx",), reads=2)
+        q_sqlog = mregs(5, "q_sqlog", ("evs",), reads=3)
 
         # ---------------- the WQE cache: lk[0] the response FSM, lk[1] the flush
         m.submodules.wqec = wqec = WqeCache(cfg, max(1, self.qpn_bits))
@@ -420,9 +426,11 @@ class Requester(wiring.Component):
         rinfo_ok = Signal()          # rinfo holds the fields of WQE rinfo_idx of rcur
         rinfo_idx = Signal(16)
 
-        # ---------------- lookups (the QP lookup belongs to the send FSM)
-        m.d.comb += self.qp.index.eq(cur)
-        ctx = self.qp.data.ctx
+        # ---------------- lookups
+        # the context of cur: taken with its batch from fq (looked up when the batch was
+        # issued), or looked up by the send FSM itself for a flush (FL_CTX)
+        ctx = Signal(regmap.QP_CTX)
+        fl_asked = Signal()          # FL_CTX: the lookup request was taken
         # the lkey's MR entry, looked up (request / response) between FETCH_WAIT and CHECK
         mr = Signal(formats.MR_ENTRY)
         m.d.comb += self.mr.req.payload.index.eq(wqe.lkey[8:8 + self.mr_bits])
@@ -834,10 +842,11 @@ class Requester(wiring.Component):
 
         # ---------------- send FSM
         sq_mask = Signal(32)
-        m.d.comb += sq_mask.eq((Const(1, 33) << ctx.sq_log_size) - 1)
         fsel = Signal(self.qpn_bits)         # QP of the fetch request (cur or the grant)
+        fctx = Signal(regmap.QP_CTX)         # and its context
+        m.d.comb += sq_mask.eq((Const(1, 33) << fctx.sq_log_size) - 1)
         f_addr = Signal(64)
-        m.d.comb += f_addr.eq(ctx.sq_base + ((fi[fsel] & sq_mask) << 6))
+        m.d.comb += f_addr.eq(fctx.sq_base + ((fi[fsel] & sq_mask) << 6))
         # batch: what is posted, up to the end of the ring, the tracker room and WQE_BATCH
         n_posted = Signal(16)
         n_to_end = Signal(33)
@@ -914,29 +923,40 @@ class Requester(wiring.Component):
             m.d.sync += db_early.eq(1)
 
         # ---------------- fetch issue: up to fetch_depth WQE fetches of different QPs in flight
-        # The ready queue's oldest QP is fetched while the send FSM works on earlier batches, in
-        # the cycles when the send FSM does not use the QP lookup. Each fetch reserves its
-        # WQE slots in WqeFetch (so the DMA data is always accepted) and a place in fq. A QP
-        # has at most one batch in flight (``inflight``), which keeps its WQEs in order. The
-        # request is computed (QP lookup) when the grant is taken and held in a register
-        # until the DMA arbiter takes it (an offered request stays valid and stable).
-        lk_free = Signal()          # the send FSM does not use the QP lookup this cycle
+        # The ready queue's oldest QP is fetched while the send FSM works on earlier batches.
+        # A QP that may issue is reserved when it is taken (``inflight``: at most one batch
+        # per QP, which keeps its WQEs in order; ``issue`` counts it in n_fl), then its context
+        # is looked up (qpc_fetch, request / response, one lookup at a time); with the answer
+        # the request is computed and held in a register until the DMA arbiter takes it (an
+        # offered request stays valid and stable), and the batch with the context enters fq.
+        # Each fetch reserves its WQE slots in WqeFetch, so the DMA data is always accepted.
         fetching = Signal()         # the send FSM's own (flush) fetch
         act = Signal()              # the send FSM took a batch of fq (inflight[cur] is set)
         issue = Signal()
         done = Signal()             # the batch of cur is done (its QP may be fetched again)
         m.d.sync += n_fl.eq(n_fl + issue - done)
-        # BlueFlame: the granted QP's next WQE may be here already (one WQE, no DMA read)
         gq = rdy.pop.payload.index
+        g_q = Signal(self.qpn_bits)       # the reserved QP whose context is looked up
+        g_req = Signal()                  # its lookup request is offered
+        g_busy = Signal()                 # a lookup is requested or awaited
+        qf = self.qpc_fetch
+        m.d.comb += [qf.req.valid.eq(g_req), qf.req.payload.index.eq(g_q)]
+        with m.If(qf.req.valid & qf.req.ready):
+            m.d.sync += g_req.eq(0)
+        g_ans = Signal()                  # the context is here and is used this cycle
+        # BlueFlame: the QP's next WQE may be here already (one WQE, no DMA read)
         m.submodules.bf = bfb = BlueFlameBuffer(max(1, self.qpn_bits), cfg.bf_entries)
         wiring.connect(m, wiring.flipped(self.bf), bfb.i)
-        m.d.comb += [bfb.qpn.eq(gq), bfb.index.eq(fi[gq]),
+        m.d.comb += [bfb.qpn.eq(g_q), bfb.index.eq(fi[fsel]),
                      self.stat_bf_hit.eq(bfb.stat_hit), self.stat_bf_miss.eq(bfb.stat_miss)]
         g_cnt = Signal(range(K + 1))
+        g_bad = Signal()
         m.d.comb += [
-            fsel.eq(Mux(fetching, cur, gq)),
-            g_cnt.eq(Mux(bfb.hit, 1, n_batch)),
-            fq.w_data.eq(Cat(gq, g_cnt)),
+            fsel.eq(Mux(fetching, cur, g_q)),
+            fctx.eq(Mux(fetching, ctx, qf.resp.payload.data)),
+            g_bad.eq(qf.resp.payload.err),
+            g_cnt.eq(Mux(g_bad, 0, Mux(bfb.hit, 1, n_batch))),
+            fq.w_data.eq(Cat(g_q, g_cnt, g_bad, qf.resp.payload.data)),
         ]
         pend_v = Signal()
         pend_addr = Signal(64)
@@ -952,28 +972,37 @@ class Requester(wiring.Component):
         ]
         with m.If(pend_v & fetch.req.ready):
             m.d.sync += pend_v.eq(0)
-        # the oldest QP of the ready queue: fetched if it may issue and has no batch in
+        # the oldest QP of the ready queue: reserved if it may issue and has no batch in
         # flight, else dropped (the write that lets it issue again wakes it again)
         g_elig = eligible(gq, "gq")
-        with m.If(~pend_v & ~fetching & lk_free & ~fl_wait & ~flushing & ~ev_any & (n_fl != KF)
+        with m.If(~g_busy & ~fetching & ~fl_wait & ~flushing & ~ev_any & (n_fl != KF)
                   & rdy.pop.valid):
             m.d.comb += rdy.pop.ready.eq(1)
         with m.If(rdy.pop.valid & rdy.pop.ready & g_elig & ~inflight[gq]):
-            m.d.comb += [self.qp.index.eq(gq), issue.eq(1), fq.w_en.eq(1)]
-            m.d.comb += inflight.write("gq", gq, 1)
-            m.d.sync += [pend_v.eq(1),
+            m.d.comb += [issue.eq(1), inflight.write("gq", gq, 1)]
+            m.d.sync += [g_q.eq(gq), g_req.eq(1), g_busy.eq(1)]
+        # the answer: the batch is computed now (the QP's indices may have moved since it was
+        # reserved, only forward: a doorbell) and queued; never while the send FSM fetches
+        m.d.comb += [qf.resp.ready.eq(~pend_v & ~fetching), g_ans.eq(qf.resp.valid & qf.resp.ready)]
+        with m.If(g_ans):
+            m.d.comb += fq.w_en.eq(1)
+            m.d.sync += [g_busy.eq(0), pend_v.eq(~g_bad),
                          pend_addr.eq(f_addr), pend_cnt.eq(g_cnt), pend_bf.eq(bfb.hit),
                          pend_wqe.eq(bfb.wqe)]
-            with m.If(bfb.hit):
+            with m.If(g_bad):
+                pass            # nothing is fetched: the send FSM puts the QP in ERR
+            with m.Elif(bfb.hit):
                 m.d.comb += bfb.take.eq(1)
             with m.Else():
                 # the batch is read by DMA: copies of its WQEs (or older ones) are useless
-                m.d.comb += [bfb.inval.valid.eq(1), bfb.inval.payload.qpn.eq(gq),
-                             bfb.inval.payload.first.eq(fi[gq]),
+                m.d.comb += [bfb.inval.valid.eq(1), bfb.inval.payload.qpn.eq(g_q),
+                             bfb.inval.payload.first.eq(fi[fsel]),
                              bfb.inval.payload.count.eq(n_batch)]
         fq_q = Signal(self.qpn_bits)
-        fq_n = Signal(3)
-        m.d.comb += Cat(fq_q, fq_n).eq(fq.r_data)
+        fq_n = Signal(range(K + 1))
+        fq_bad = Signal()
+        fq_ctx = Signal(regmap.QP_CTX)
+        m.d.comb += Cat(fq_q, fq_n, fq_bad, fq_ctx).eq(fq.r_data)
         e_fq = eligible(fq_q, "fq")         # the oldest fetched batch's QP
         e_cur = eligible(cur, "cur")        # the QP being sent
 
@@ -992,7 +1021,6 @@ class Requester(wiring.Component):
         with m.FSM(name="send"):
             with m.State("IDLE"):
                 db_q = self.db.payload.qpn[:self.qpn_bits]
-                m.d.comb += lk_free.eq(~self.db.valid)
                 m.d.sync += flushing.eq(0)
                 with m.If(act):
                     # the batch of cur is done: its QP may be fetched again
@@ -1002,10 +1030,15 @@ class Requester(wiring.Component):
                     m.d.sync += act.eq(0)
 
                 def take_batch():
-                    # the oldest fetched batch: sent if its QP may still issue, else dropped
+                    # the oldest fetched batch: sent if its QP may still issue, else dropped;
+                    # a QP whose context could not be read goes to ERR (nothing was fetched)
                     m.d.comb += fq.r_en.eq(1)
-                    m.d.sync += [cur.eq(fq_q), flushing.eq(0), act.eq(1), batch_left.eq(fq_n)]
-                    with m.If(e_fq):
+                    m.d.sync += [cur.eq(fq_q), flushing.eq(0), act.eq(1), batch_left.eq(fq_n),
+                                 ctx.eq(fq_ctx)]
+                    with m.If(fq_bad):
+                        m.d.comb += err.write("tx", fq_q, 1)
+                        m.next = "SET_ERR"
+                    with m.Elif(e_fq):
                         m.next = "FETCH_WAIT"
                     with m.Else():
                         m.next = "DRAIN"
@@ -1055,12 +1088,12 @@ class Requester(wiring.Component):
                     m.next = "REWIND"
                 with m.Elif(self.db.valid):
                     # doorbell: look the QP up right now (index = db qpn)
-                    m.d.comb += [self.qp.index.eq(db_q), self.db.ready.eq(1)]
+                    m.d.comb += self.db.ready.eq(1)
                     posted = Signal(16)
                     fetched = Signal(16)
                     m.d.comb += [posted.eq(self.db.payload.pi - ci[db_q]),
                                  fetched.eq(fi[db_q] - ci[db_q])]
-                    with m.If((posted > (Const(1, 33) << ctx.sq_log_size)) | (posted < fetched)):
+                    with m.If((posted > (Const(1, 33) << q_sqlog[db_q])) | (posted < fetched)):
                         m.d.comb += self.stat_db_reject.eq(1)
                         m.d.sync += cur.eq(db_q)
                         m.d.comb += err.write("tx", db_q, 1)
@@ -1074,14 +1107,27 @@ class Requester(wiring.Component):
                     # flushes fetch on their own: only when no batch is in flight
                     m.d.comb += s_taken.eq(1)
                     m.d.sync += [cur.eq(sq), flushing.eq(1), fl_wait.eq(0)]
-                    m.next = "FLUSH"
+                    m.next = "FL_CTX"
+
+            with m.State("FL_CTX"):
+                # the flushed QP's context (its send queue and send CQ): asked for, then
+                # taken; one that cannot be read is asked for again (a host that fails ICM
+                # reads for good has failed: docs/errors.md)
+                qt = self.qpc_tx
+                m.d.comb += [qt.req.valid.eq(~fl_asked), qt.req.payload.index.eq(cur),
+                             qt.resp.ready.eq(1)]
+                with m.If(qt.req.valid & qt.req.ready):
+                    m.d.sync += fl_asked.eq(1)
+                with m.If(qt.resp.valid):
+                    m.d.sync += [fl_asked.eq(0), ctx.eq(qt.resp.payload.data)]
+                    with m.If(~qt.resp.payload.err):
+                        m.next = "FLUSH"
 
             with m.State("REWIND"):
                 # go-back-N (IBA 9.7.6.1.4): send again from the oldest outstanding message.
                 # The WQEs are fetched again from the send queue (the host may not reuse a
                 # slot before its completion) and keep their PSNs, so the responder sees the
                 # packets it already executed as duplicates.
-                m.d.comb += lk_free.eq(1)
                 with m.If(rx_busy & (rcur == cur)):
                     pass        # the response FSM works on this QP (bounded): wait
                 with m.Elif(~nonempty):
@@ -1156,7 +1202,7 @@ class Requester(wiring.Component):
                     m.next = "FETCH_WAIT"
 
             with m.State("FETCH_WAIT"):
-                m.d.comb += [fetch.wqe.ready.eq(1), lk_free.eq(~flushing)]
+                m.d.comb += [fetch.wqe.ready.eq(1)]
                 with m.If(fetch.wqe.valid):
                     m.d.comb += self.stat_wqe_fetch.eq(1)
                     fw = fetch.wqe.payload
@@ -1169,12 +1215,12 @@ class Requester(wiring.Component):
                         m.next = "MR_REQ"
 
             with m.State("MR_REQ"):
-                m.d.comb += [self.mr.req.valid.eq(1), lk_free.eq(~flushing)]
+                m.d.comb += [self.mr.req.valid.eq(1)]
                 with m.If(self.mr.req.ready):
                     m.next = "MR_RESP"
 
             with m.State("MR_RESP"):
-                m.d.comb += [self.mr.resp.ready.eq(1), lk_free.eq(~flushing)]
+                m.d.comb += [self.mr.resp.ready.eq(1)]
                 with m.If(self.mr.resp.valid):
                     # an entry that could not be read is no valid entry: LOC_PROT_ERR
                     m.d.sync += mr.eq(Mux(self.mr.resp.payload.err, 0,
@@ -1182,7 +1228,6 @@ class Requester(wiring.Component):
                     m.next = "CHECK"
 
             with m.State("NEXT"):
-                m.d.comb += lk_free.eq(1)
                 # next WQE of the batch if the QP may still issue, else drop the rest
                 with m.If(batch_left == 0):
                     m.next = "IDLE"
@@ -1192,7 +1237,7 @@ class Requester(wiring.Component):
                     m.next = "DRAIN"
 
             with m.State("DRAIN"):
-                m.d.comb += [fetch.wqe.ready.eq(1), lk_free.eq(1)]
+                m.d.comb += [fetch.wqe.ready.eq(1)]
                 with m.If(fetch.wqe.valid):
                     m.d.comb += self.stat_wqe_fetch.eq(1)
                     m.d.sync += batch_left.eq(batch_left - 1)
@@ -1234,8 +1279,7 @@ class Requester(wiring.Component):
                     m.d.comb += [*tail.write("tx", cur, tail[cur] + 1),
                                  *fi.write("tx", cur, fi[cur] + 1),
                                  *lerr.write("tx", cur, 1), *lerr_idx.write("tx", cur, fi[cur]),
-                                 *q_sqb.write("tx", cur, ctx.sq_base),
-                                 *q_sqlog.write("tx", cur, ctx.sq_log_size)]
+                                 *q_sqb.write("tx", cur, ctx.sq_base)]
                     m.d.comb += wqe_err_stat.eq(wqe_err)
                     m.next = "NEXT"
                 with m.Else():
@@ -1267,7 +1311,6 @@ class Requester(wiring.Component):
                         *npsn.write("tx", cur, npsn[cur] + npkts),
                         *qcq.write("tx", cur, ctx.send_cq),
                         *q_sqb.write("tx", cur, ctx.sq_base),
-                        *q_sqlog.write("tx", cur, ctx.sq_log_size),
                         *q_to.write("tx", cur, ctx.timeout),
                         *q_retry.write("tx", cur, ctx.retry_cnt),
                         *q_rnr.write("tx", cur, ctx.rnr_retry),
@@ -1303,7 +1346,6 @@ class Requester(wiring.Component):
                     m.next = "SEG_END"
 
             with m.State("SEG_END"):
-                m.d.comb += lk_free.eq(1)
                 with m.If(pkt_last):
                     m.next = "NEXT"
                 with m.Else():
@@ -1613,6 +1655,8 @@ class Requester(wiring.Component):
                                                 & (e.state != formats.QpState.RTS))
                                     | (ev_reset[eq] & ~(ev_clear & (ev_sel == eq)))),
                 ]
+            with m.If((e.qpn < nq) & e.new):
+                m.d.comb += q_sqlog.write("evs", eq, e.sq_log)
         with m.If(ev_clear & ~(self.qp_event.valid & (self.qp_event.payload.qpn == ev_sel))):
             m.d.comb += ev_reset.write("evr", ev_sel, 0)
         # the per-QP memories' read ports, at the indices read above

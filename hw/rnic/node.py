@@ -149,7 +149,8 @@ class Rnic(wiring.Component):
         m.d.comb += [req.node_id.eq(node_id), resp.node_id.eq(node_id), demux.node_id.eq(node_id)]
 
         # Tables.
-        wiring.connect(m, req.qp, context.qp_req)
+        wiring.connect(m, req.qpc_tx, context.qpc_tx)
+        wiring.connect(m, req.qpc_fetch, context.qpc_fetch)
         wiring.connect(m, resp.qp, context.qp_resp)
         wiring.connect(m, resp.qpc, context.qpc_resp)
         # memory regions: in host memory (ICM) behind the MR cache

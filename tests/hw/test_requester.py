@@ -17,13 +17,12 @@ from collections import deque
 
 import pytest
 from amaranth import Module
-from amaranth.lib import memory, wiring
+from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from hw import formats, regmap
 from hw.config import NicConfig
 from hw.formats import WcOpcode, WcStatus as S
-from hw.interfaces import QP_LOOKUP
 from hw.requester import Requester
 from tests.hw.lookup_model import TableLookup
 
@@ -55,11 +54,12 @@ def qp_ctx(q, **kw):
 class Bench(wiring.Component):
     def __init__(self, cfg, qps, fetch_depth=4, mr_bad=()):
         self.dut = Requester(cfg, fetch_depth)
-        init = []
-        for q in range(cfg.n_qps):
-            c = int.from_bytes(formats.pack(regmap.QP_CTX, **qps[q]), "little")
-            init.append(c | (formats.QpState.RTS.value << regmap.QP_CTX.size))
-        self.qpt = memory.Memory(shape=QP_LOOKUP.size, depth=cfg.n_qps, init=init)
+        # the QP-context lookups' stand-ins: request / response with a pseudo-random latency
+        init = [int.from_bytes(formats.pack(regmap.QP_CTX, **qps[q]), "little")
+                for q in range(cfg.n_qps)]
+        qb = max(1, (cfg.n_qps - 1).bit_length())
+        self.qpt_tx = TableLookup(qb, regmap.QP_CTX.size, init)
+        self.qpt_fetch = TableLookup(qb, regmap.QP_CTX.size, init)
         mrs = [int.from_bytes(formats.pack(formats.MR_ENTRY, **MRS[i]), "little") if i in MRS else 0
                for i in range(cfg.n_mrs)]
         # the MR cache stand-in: request / response with a pseudo-random latency
@@ -70,10 +70,11 @@ class Bench(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.dut = self.dut
-        m.submodules.qpt = self.qpt
+        m.submodules.qpt_tx = self.qpt_tx
+        m.submodules.qpt_fetch = self.qpt_fetch
         m.submodules.mrt = self.mrt
-        qp = self.qpt.read_port(domain="comb")
-        m.d.comb += [qp.addr.eq(self.dut.qp.index), self.dut.qp.data.eq(qp.data)]
+        wiring.connect(m, self.dut.qpc_tx, self.qpt_tx.port)
+        wiring.connect(m, self.dut.qpc_fetch, self.qpt_fetch.port)
         wiring.connect(m, self.dut.mr, self.mrt.port)
         return m
 
@@ -488,7 +489,10 @@ def run(world, script, max_cycles=20000):
         ctx.set(dut.node_id, NODE)
 
         async def event(q, state, psn=0):
-            ctx.set(dut.qp_event.payload, {"qpn": q, "state": state, "sq_psn": psn, "rq_psn": 0})
+            # every event says "new QP" with its send-queue size (what SET_QP's event gives)
+            ctx.set(dut.qp_event.payload, {"qpn": q, "state": state, "sq_psn": psn, "rq_psn": 0,
+                                           "new": 1,
+                                           "sq_log": world.qps[q]["sq_log_size"]})
             ctx.set(dut.qp_event.valid, 1)
             assert ctx.get(dut.qp_event.ready)
             await ctx.tick()
@@ -1564,6 +1568,7 @@ def test_blueflame_copies_dropped_when_behind():
     world.final_psn[0] = 5
 
     async def script(ctx, world, event, wait):
+        await event(0, formats.QpState.INIT.value)      # the QP exists (its SQ size known)
         for w in ws:
             world.post(0, w)
             world.ring(0, bf=True)
