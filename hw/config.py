@@ -81,6 +81,11 @@ class NicConfig:
     cq_cache_sets, cq_cache_ways, cq_cache_policy, cq_cache_mshrs  as for the MR cache
                     (sets at most ``n_cqs``).
 
+    The QP-context cache (QP contexts live in ICM; docs/caches.md):
+
+    qp_cache_sets, qp_cache_ways, qp_cache_policy, qp_cache_mshrs  as for the MR cache
+                    (sets at most ``n_qps``).
+
     The requester's WQE cache (the send WQEs of outstanding requests; docs/caches.md):
 
     wqe_cache_sets, wqe_cache_ways, wqe_cache_policy, wqe_cache_mshrs  as for the MR cache
@@ -121,6 +126,10 @@ class NicConfig:
     cq_cache_ways: int = 2
     cq_cache_policy: str = "lru"
     cq_cache_mshrs: int = 2
+    qp_cache_sets: int = 2
+    qp_cache_ways: int = 2
+    qp_cache_policy: str = "lru"
+    qp_cache_mshrs: int = 2
     wqe_cache_sets: int = 16
     wqe_cache_ways: int = 4
     wqe_cache_policy: str = "lru"
@@ -159,6 +168,7 @@ class NicConfig:
         _check_pow2("doorbell_fifo_depth", self.doorbell_fifo_depth, 2, 256)
         self._check_cache("mr_cache", self.n_mrs)
         self._check_cache("cq_cache", self.n_cqs)
+        self._check_cache("qp_cache", self.n_qps)
         self._check_cache("wqe_cache", 1 << 16)
 
     def _check_cache(self, prefix, max_sets):
@@ -313,7 +323,7 @@ _CONNECTX6 = SystemConfig(
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=1024, n_cqs=64, n_mrs=16,
                   n_doorbells=16, mtu=4096, max_rd_atomic=16, max_outstanding=32,
                   pipeline_ns=118.5, mr_cache_sets=8, mr_cache_ways=2,
-                  cq_cache_sets=32, cq_cache_ways=2,
+                  cq_cache_sets=32, cq_cache_ways=2, qp_cache_sets=64, qp_cache_ways=4,
                   wqe_cache_sets=256, wqe_cache_ways=4),
     host=HostConfig(pcie_ns=150.0, host_mem_ns=100.0, pcie_gbps=128.0, mmio_ns=150.0),
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
@@ -324,15 +334,16 @@ _CONNECTX6 = SystemConfig(
 )
 
 # Small and fast: for unit and integration tests and for FPGA synthesis checks. Its MR cache
-# (2 entries for 8 MRs) and CQ-context cache (2 entries for 8 CQs) are smaller than their
-# tables on purpose: every system test with more than two memory regions or CQs per node
-# misses, evicts and writes back (docs/caches.md).
+# (2 entries for 8 MRs), CQ-context cache (2 entries for 8 CQs) and QP-context cache (2
+# entries for 8 QPs) are smaller than their tables on purpose: every system test with more
+# than two memory regions, CQs or QPs per node misses, evicts and writes back
+# (docs/caches.md).
 _SMALL = SystemConfig(
     name="small",
     nic=NicConfig(data_bytes=8, clock_mhz=250.0, n_qps=8, n_cqs=8, n_mrs=8,
                   n_doorbells=4, mtu=256, max_rd_atomic=16, max_outstanding=16,
                   pipeline_ns=0.0, mr_cache_sets=2, mr_cache_ways=1,
-                  cq_cache_sets=2, cq_cache_ways=1,
+                  cq_cache_sets=2, cq_cache_ways=1, qp_cache_sets=2, qp_cache_ways=1,
                   wqe_cache_sets=4, wqe_cache_ways=2),
     host=HostConfig(pcie_ns=40.0, host_mem_ns=20.0, pcie_gbps=64.0, mmio_ns=20.0),
     link=LinkConfig(latency_ns=100.0, gbps=100.0),

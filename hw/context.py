@@ -4,8 +4,9 @@ Models the part of an RNIC that the driver programs through its command queue (m
 ``CREATE_QP`` / ``MODIFY_QP`` / ``CREATE_CQ`` / ``CREATE_MKEY`` commands, here reduced to one
 command register and eight argument words, see :mod:`hw.regmap`):
 
-* the QP context table (static part, :data:`~hw.regmap.QP_CTX`) and the state of every QP,
-  with the modify-QP state machine of the InfiniBand Architecture Specification vol. 1
+* the QP context table (static part, :data:`~hw.regmap.QP_CTX`): in host memory (ICM),
+  behind the QP-context cache (:mod:`hw.ctx.qp_cache`); ``SET_QP`` writes the context into
+  that cache (``qp_wr``); and the state of every QP (on chip), with the modify-QP state machine of the InfiniBand Architecture Specification vol. 1
   rel. 1.4, section 10.3.1 (RESET, INIT, RTR, RTS, ERR; SQD/SQE not modelled): an illegal
   transition is refused with ``CmdStatus.BAD_TRANSITION`` and changes nothing, and
   ``SET_QP`` on a QP that is not in RESET with ``CmdStatus.BAD_STATE`` (a permanent refusal;
@@ -23,14 +24,17 @@ command register and eight argument words, see :mod:`hw.regmap`):
   not move under a live cache);
 * the QP-to-doorbell-register binding used by :mod:`hw.doorbell`.
 
-The QP and doorbell-binding tables are ``lib.memory.Memory`` instances with combinational
-read ports, one per consumer. A command takes effect in the cycle the ``CMD`` register is
-written, except ``SET_MR`` and ``SET_CQ``: ``CMD`` reads ``BUSY`` until the MR (CQ-context)
-cache has taken the entry (the driver polls, as for mlx5's command ownership bit). A command written while
+The QP states and the doorbell-binding table are memories with combinational read ports,
+one per consumer. A command takes effect in the cycle the ``CMD`` register is
+written, except ``SET_QP``, ``SET_MR`` and ``SET_CQ``: ``CMD`` reads ``BUSY`` until the
+QP-context (MR, CQ-context) cache has taken the entry (the driver polls, as for mlx5's
+command ownership bit). Each of the three needs its table mapped first (``MAP_ICM``, else
+``BAD_STATE``). A command written while
 ``CMD`` reads ``BUSY`` is ignored (the driver must wait for the previous one). Accepted
 modify-QP commands, and QPs forced to ERR by the requester or responder, are broadcast on
-``qp_event`` so that both engines reset their per-QP state; the event carries the QP's
-receive queue (base, log2 size) from its context, for the responder's receive-WQE prefetch.
+``qp_event`` so that both engines reset their per-QP state; the event of ``SET_QP``
+(``new``) carries the QP's receive queue (base, log2 size) for the responder's receive-WQE
+prefetch and the size of its send queue for the requester's doorbell check.
 """
 
 from amaranth import *
@@ -41,17 +45,14 @@ from amaranth.utils import ceil_log2
 from .config import NicConfig
 from .formats import MR_ENTRY, QpState
 from .lib.mem_array import MemArray
-from .interfaces import (MmioSignature, Lookup, CtxLookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
+from .interfaces import (MmioSignature, Lookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
 from .lib.csr import window_addr_width
 from .regmap import (CONTROL_BYTES, Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE,
                      ARG_WORDS, ID_VALUE, LEGAL_TRANSITIONS)
 
-__all__ = ["Context", "DB_INDEX_BITS", "QPC_PORTS"]
+__all__ = ["Context", "DB_INDEX_BITS"]
 
 DB_INDEX_BITS = 10
-
-#: the QP-context lookups (request / response), in the order of the cache's lookup ports
-QPC_PORTS = ("qpc_tx", "qpc_fetch", "qpc_resp")
 
 
 def _bits(n):
@@ -66,12 +67,9 @@ class Context(wiring.Component):
     bus : In(MmioSignature(8))     ID, NODE_ID, CMD, ARG registers (the ``control`` window of
                                    ``hw.regmap.register_map``, at address 0).
     node_id : Out(8)
-    qp_req, qp_resp : In(Lookup)   QP context + state (combinational; the engines use the
-                                   state, the tests the context).
-    qpc_tx, qpc_fetch, qpc_resp : In(CtxLookup)  QP context (request / response) for the
-                                   requester's send engine (flushes), its WQE-fetch issue and
-                                   the responder: the answer comes the cycle after the request
-                                   (the table is on chip; a QP-context cache takes its place).
+    qp_req, qp_resp : In(Lookup)   QP state (combinational).
+    qp_wr : Out(stream)            SET_QP: {slot, entry} into the QP-context cache.
+    icm_qp_base : Out(64)          host address of the QP context table (MAP_ICM).
     mr_wr : Out(stream)            SET_MR: {slot, entry} into the MR cache.
     icm_mr_base : Out(64)          host address of the MR table (MAP_ICM).
     cq_wr : Out(stream)            SET_CQ: {slot, entry} into the CQ-context cache.
@@ -95,7 +93,9 @@ class Context(wiring.Component):
             "node_id": Out(8),
             "qp_req": In(Lookup(self.qpn_bits, QP_LOOKUP)),
             "qp_resp": In(Lookup(self.qpn_bits, QP_LOOKUP)),
-            **{name: In(CtxLookup(self.qpn_bits, QP_CTX)) for name in QPC_PORTS},
+            "qp_wr": Out(stream.Signature(data.StructLayout({
+                "slot": self.qpn_bits, "entry": QP_CTX}))),
+            "icm_qp_base": Out(64),
             "mr_wr": Out(stream.Signature(data.StructLayout({
                 "slot": self.mr_bits, "entry": MR_ENTRY}))),
             "icm_mr_base": Out(64),
@@ -114,10 +114,9 @@ class Context(wiring.Component):
         m = Module()
         cfg = self.cfg
 
-        m.submodules.qp_mem = qp_mem = memory.Memory(shape=QP_CTX, depth=cfg.n_qps, init=[])
         m.submodules.bind_mem = bind_mem = memory.Memory(
             shape=DB_INDEX_BITS, depth=cfg.n_qps, init=[])
-        qp_wr, bind_wr = (mem.write_port() for mem in (qp_mem, bind_mem))
+        bind_wr = bind_mem.write_port()
 
         # QP states: a memory whose valid bits a reset clears (every QP back to RESET) with
         # one write port (a command or an error request, never both in one cycle) and a read
@@ -128,23 +127,9 @@ class Context(wiring.Component):
 
         # Combinational lookups.
         for port in (self.qp_req, self.qp_resp):
-            rp = qp_mem.read_port(domain="comb")
-            m.d.comb += [rp.addr.eq(port.index), port.data.ctx.eq(rp.data),
-                         port.data.state.eq(states[port.index])]
+            m.d.comb += port.data.state.eq(states[port.index])
         # request / response: the index is latched, the answer is the table's entry there
         # while it is offered (so a SET_QP between request and answer is seen)
-        for name in QPC_PORTS:
-            rp = qp_mem.read_port(domain="comb")
-            qpc = getattr(self, name)
-            qpc_idx = Signal(self.qpn_bits, name=f"{name}_idx")
-            qpc_v = Signal(name=f"{name}_v")
-            m.d.comb += [rp.addr.eq(qpc_idx), qpc.resp.payload.data.eq(rp.data),
-                         qpc.resp.valid.eq(qpc_v), qpc.req.ready.eq(~qpc_v | qpc.resp.ready)]
-            with m.If(qpc.req.valid & qpc.req.ready):
-                m.d.sync += [qpc_idx.eq(qpc.req.payload.index), qpc_v.eq(1)]
-            with m.Elif(qpc.resp.ready):
-                m.d.sync += qpc_v.eq(0)
-        ev_ctx = qp_mem.read_port(domain="comb")      # the modified QP's context, for its event
         rp = bind_mem.read_port(domain="comb")
         m.d.comb += [rp.addr.eq(self.bind.index), self.bind.data.eq(rp.data)]
 
@@ -185,12 +170,14 @@ class Context(wiring.Component):
             "mr", self.mr_wr, self.icm_mr_base, self.mr_bits, MR_ENTRY)
         cq_pend, cq_mapped, cq_base, cq_slot, cq_entry = table_writer(
             "cq", self.cq_wr, self.icm_cq_base, self.cqn_bits, CQ_CTX)
+        qp_pend, qp_mapped, qp_base, qp_slot, qp_entry = table_writer(
+            "qp", self.qp_wr, self.icm_qp_base, self.qpn_bits, QP_CTX)
         with m.If(self.bus.we):
             with m.Switch(addr):
                 with m.Case(Reg.NODE_ID):
                     m.d.sync += node_id.eq(self.bus.wdata)
                 with m.Case(Reg.CMD):
-                    m.d.comb += cmd_go.eq(~mr_pend & ~cq_pend)
+                    m.d.comb += cmd_go.eq(~mr_pend & ~cq_pend & ~qp_pend)
                 for i in range(ARG_WORDS):
                     with m.Case(ARG_BASE + 8 * i):
                         m.d.sync += args.word_select(i, 64).eq(self.bus.wdata)
@@ -198,7 +185,6 @@ class Context(wiring.Component):
         # Command decode.
         opcode = self.bus.wdata[0:8]
         index = self.bus.wdata[16:32]
-        m.d.comb += ev_ctx.addr.eq(index)
         qp_args = QP_CTX(args[:QP_CTX.size])
         cq_args = CQ_CTX(args[:CQ_CTX.size])
         mr_args = MR_ENTRY(args[:MR_ENTRY.size])
@@ -215,10 +201,7 @@ class Context(wiring.Component):
                 with m.Case(QpState[new].value | (QpState[cur].value << 3)):
                     m.d.comb += legal.eq(1)
 
-        m.d.comb += [
-            qp_wr.addr.eq(index), qp_wr.data.eq(qp_args),
-            bind_wr.addr.eq(index), bind_wr.data.eq(args[:DB_INDEX_BITS]),
-        ]
+        m.d.comb += [bind_wr.addr.eq(index), bind_wr.data.eq(args[:DB_INDEX_BITS])]
 
         # One event source per cycle: a command wins, then the error requests.
         ev = self.qp_event
@@ -233,8 +216,9 @@ class Context(wiring.Component):
                 with m.Case(Cmd.SET_QP):
                     with m.If(index >= cfg.n_qps):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)
-                    with m.Elif(cur_state != QpState.RESET):
+                    with m.Elif((cur_state != QpState.RESET) | ~qp_mapped):
                         # a permanent refusal, not "try again": the QP must be reset first
+                        # (and its table mapped)
                         m.d.sync += status.eq(CmdStatus.BAD_STATE)
                     with m.Elif((qp_args.sq_log_size > 15) | (qp_args.rq_log_size > 15) |
                                 (qp_args.send_cq >= cfg.n_cqs) | (qp_args.recv_cq >= cfg.n_cqs) |
@@ -242,8 +226,12 @@ class Context(wiring.Component):
                         m.d.sync += status.eq(CmdStatus.BAD_VALUE)
                     with m.Else():
                         # A (re)created QP: the engines forget everything about its number.
-                        m.d.comb += [qp_wr.en.eq(1), cmd_event.eq(1)]
-                        m.d.sync += [ev.valid.eq(1), ev.payload.qpn.eq(index),
+                        # The context goes into the QP-context cache (BUSY until taken);
+                        # the QP is in RESET meanwhile, so no engine uses it.
+                        m.d.comb += cmd_event.eq(1)
+                        m.d.sync += [qp_pend.eq(1), qp_slot.eq(index), qp_entry.eq(qp_args),
+                                     status.eq(CmdStatus.BUSY),
+                                     ev.valid.eq(1), ev.payload.qpn.eq(index),
                                      ev.payload.state.eq(QpState.RESET),
                                      ev.payload.sq_psn.eq(0), ev.payload.rq_psn.eq(0),
                                      ev.payload.rq_base.eq(qp_args.rq_base),
@@ -267,8 +255,8 @@ class Context(wiring.Component):
                             ev.payload.state.eq(new_state),
                             ev.payload.sq_psn.eq(args[64:88]),
                             ev.payload.rq_psn.eq(args[88:112]),
-                            ev.payload.rq_base.eq(ev_ctx.data.rq_base),
-                            ev.payload.rq_log.eq(ev_ctx.data.rq_log_size),
+                            # the receive queue is not named: the prefetch keeps its own
+                            ev.payload.rq_base.eq(0), ev.payload.rq_log.eq(0),
                         ]
                         m.d.comb += cmd_event.eq(1)
                 with m.Case(Cmd.SET_CQ):
@@ -293,16 +281,20 @@ class Context(wiring.Component):
                         m.d.sync += [mr_pend.eq(1), mr_slot.eq(index), mr_entry.eq(mr_args),
                                      status.eq(CmdStatus.BUSY)]
                 with m.Case(Cmd.MAP_ICM):
-                    with m.If((index != IcmTable.MR) & (index != IcmTable.CQ)):
+                    with m.If((index != IcmTable.MR) & (index != IcmTable.CQ)
+                              & (index != IcmTable.QP)):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)
                     with m.Elif(args[:12] != 0):
                         m.d.sync += status.eq(CmdStatus.BAD_VALUE)
-                    with m.Elif(Mux(index == IcmTable.MR, mr_mapped, cq_mapped)):
+                    with m.Elif(Mux(index == IcmTable.MR, mr_mapped,
+                                    Mux(index == IcmTable.CQ, cq_mapped, qp_mapped))):
                         m.d.sync += status.eq(CmdStatus.BAD_STATE)
                     with m.Elif(index == IcmTable.MR):
                         m.d.sync += [mr_mapped.eq(1), mr_base.eq(args[:64])]
-                    with m.Else():
+                    with m.Elif(index == IcmTable.CQ):
                         m.d.sync += [cq_mapped.eq(1), cq_base.eq(args[:64])]
+                    with m.Else():
+                        m.d.sync += [qp_mapped.eq(1), qp_base.eq(args[:64])]
                 with m.Case(Cmd.BIND_DB):
                     with m.If(index >= cfg.n_qps):
                         m.d.sync += status.eq(CmdStatus.BAD_INDEX)

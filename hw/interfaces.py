@@ -93,7 +93,9 @@ def DoorbellEvent():
 
 
 #: What a QP lookup returns: the static context and the current state.
-QP_LOOKUP = data.StructLayout({"ctx": regmap.QP_CTX, "state": formats.QpState})
+#: a QP's state (on chip, in the context block; the context itself is looked up in the
+#: QP-context cache, hw/ctx/qp_cache.py)
+QP_LOOKUP = data.StructLayout({"state": formats.QpState})
 
 QP_EVENT = data.StructLayout({
     "qpn": 24,

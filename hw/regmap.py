@@ -39,7 +39,7 @@ __all__ = ["Reg", "Cmd", "CmdStatus", "Counter", "QP_CTX", "CQ_CTX",
            "ID_VALUE", "ARG_WORDS", "DOORBELL_BASE", "COUNTER_BASE", "ARG_BASE",
            "BLUEFLAME_BASE", "BLUEFLAME_BYTES", "DMA_READ_CLIENTS", "DMA_WRITE_CLIENTS",
            "LEGAL_TRANSITIONS", "mkey_index", "IcmTable", "MR_ICM_ENTRY_BYTES",
-           "CQ_ICM_ENTRY_BYTES",
+           "CQ_ICM_ENTRY_BYTES", "QP_ICM_ENTRY_BYTES",
            "MMIO_ADDR_WIDTH", "CONTROL_BYTES", "register_map"]
 
 ID_VALUE = 0x524E_4943_0001
@@ -80,12 +80,15 @@ class Cmd(enum.IntEnum):
 MR_ICM_ENTRY_BYTES = 32
 #: Bytes per CQ context in ICM (CQ_CTX, 9 bytes, zero-padded).
 CQ_ICM_ENTRY_BYTES = 32
+#: Bytes per QP context in ICM (QP_CTX, 235 bits, zero-padded).
+QP_ICM_ENTRY_BYTES = 32
 
 
 class IcmTable(enum.IntEnum):
     """Context tables the NIC keeps in host memory (ICM), the index of ``MAP_ICM``."""
     MR = 0           # n_mrs entries of MR_ICM_ENTRY_BYTES (32): MR_ENTRY, zero-padded
     CQ = 1           # n_cqs entries of CQ_ICM_ENTRY_BYTES (32): CQ_CTX, zero-padded
+    QP = 2           # n_qps entries of QP_ICM_ENTRY_BYTES (32): QP_CTX, zero-padded
 
 
 class CmdStatus(enum.IntEnum):
@@ -213,6 +216,10 @@ class Counter(enum.IntEnum):
     CQ_CACHE_MISSES = 83      # writes that hit, missed; evictions, write-backs of dirty
     CQ_CACHE_EVICTIONS = 84   # entries (the ICM traffic is in RD_ICM_* / WR_ICM_*, shared
     CQ_CACHE_WRITEBACKS = 85  # with the MR cache)
+    QP_CACHE_HITS = 86        # QP-context cache (hw/ctx/qp_cache.py): lookups (requester's
+    QP_CACHE_MISSES = 87      # fetch issue and flushes, responder) and SET_QP writes that
+    QP_CACHE_EVICTIONS = 88   # hit, missed; evictions, write-backs of dirty entries
+    QP_CACHE_WRITEBACKS = 89
 
 
 def register_map(n_doorbells):

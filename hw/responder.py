@@ -966,5 +966,5 @@ class Responder(wiring.Component):
                 rqpf.kick.payload.qpn.eq(db.qpn[:qb]),
             ]
         m.d.comb += [rqpf.reset.eq(ev_reset), rqpf.reset_qpn.eq(ev.qpn[:qb]),
-                     rqpf.reset_base.eq(ev.rq_base), rqpf.reset_log.eq(ev.rq_log)]
+                     rqpf.reset_new.eq(ev.new), rqpf.reset_base.eq(ev.rq_base), rqpf.reset_log.eq(ev.rq_log)]
         return m

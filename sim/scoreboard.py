@@ -10,7 +10,7 @@ region or a completion-queue ring: nothing outside them changed.
 
 import itertools
 
-from hw.regmap import CQ_ICM_ENTRY_BYTES, MR_ICM_ENTRY_BYTES
+from hw.regmap import CQ_ICM_ENTRY_BYTES, MR_ICM_ENTRY_BYTES, QP_ICM_ENTRY_BYTES
 
 from .reference import ReferenceModel, compare_completions
 
@@ -133,13 +133,15 @@ class Scoreboard:
     def _check_write_targets(h, start=0):
         """Every DMA write (of the log from entry ``start`` on: the ones not checked yet)
         lies inside a region registered at the time of the check, a CQ ring, or the NIC's
-        own context memory (ICM: the MR and CQ-context caches write entries back there)."""
+        own context memory (ICM: the MR, CQ- and QP-context caches write entries back there)."""
         allowed = [(mr.addr, mr.length) for mr in h.ctx._mr_slots if mr is not None]
         allowed += [(cq.base, cq.depth * 32) for cq in h.ctx.cqs.values()]
         if h.ctx.icm_mr_base is not None:
             allowed.append((h.ctx.icm_mr_base, h.ctx.cfg.n_mrs * MR_ICM_ENTRY_BYTES))
         if h.ctx.icm_cq_base is not None:
             allowed.append((h.ctx.icm_cq_base, h.ctx.cfg.n_cqs * CQ_ICM_ENTRY_BYTES))
+        if h.ctx.icm_qp_base is not None:
+            allowed.append((h.ctx.icm_qp_base, h.ctx.cfg.n_qps * QP_ICM_ENTRY_BYTES))
         bad = []
         for addr, n in itertools.islice(h.dma.write_log, start, None):
             if not any(lo <= addr and addr + n <= lo + size for lo, size in allowed):

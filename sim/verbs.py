@@ -60,7 +60,7 @@ from hw.formats import (Access, QpState, WcOpcode, WcStatus, WrOpcode, CQE, CQE_
                         RECV_WQE_BYTES, WQE, WQE_BYTES)
 from hw.regmap import (ARG_BASE, ARG_WORDS, BLUEFLAME_BASE, BLUEFLAME_BYTES, CQ_CTX,
                        DOORBELL_BASE, COUNTER_BASE, ID_VALUE, LEGAL_TRANSITIONS,
-                       MR_ICM_ENTRY_BYTES, CQ_ICM_ENTRY_BYTES, QP_CTX, Cmd, CmdStatus,
+                       MR_ICM_ENTRY_BYTES, CQ_ICM_ENTRY_BYTES, QP_ICM_ENTRY_BYTES, QP_CTX, Cmd, CmdStatus,
                        Counter, IcmTable, Reg)
 
 __all__ = [
@@ -589,6 +589,7 @@ class Context:
         self._top = host_base + host_size     # the allocator's end (ICM sits above it)
         self.icm_mr_base = None
         self.icm_cq_base = None
+        self.icm_qp_base = None
         self._next_pd = 1
         self._mr_slots = [None] * nic_cfg.n_mrs
         self._mr_tag = 0
@@ -607,9 +608,9 @@ class Context:
     async def open(self, check_id=True):
         """Check the ``ID`` register, program ``NODE_ID`` and map the NIC's context memory.
 
-        ICM (the MR table, ``n_mrs`` entries of 32 bytes, and the CQ context table,
-        ``n_cqs`` entries of 32 bytes) takes the top of the host region, each table 4 KB
-        aligned, out of the allocator's reach; the driver zeroes it (every entry invalid)
+        ICM (the MR table, ``n_mrs`` entries of 32 bytes, the CQ context table, ``n_cqs``
+        entries of 32 bytes, and the QP context table, ``n_qps`` entries of 32 bytes) takes
+        the top of the host region, each table 4 KB aligned, out of the allocator's reach; the driver zeroes it (every entry invalid)
         and hands each table over with ``MAP_ICM`` (as mlx5 gives the firmware ICM pages at
         start-up, before any object is created).
         """
@@ -622,6 +623,8 @@ class Context:
             self.icm_mr_base = await self._map_icm(IcmTable.MR, self.cfg.n_mrs * MR_ICM_ENTRY_BYTES)
         if self.icm_cq_base is None:
             self.icm_cq_base = await self._map_icm(IcmTable.CQ, self.cfg.n_cqs * CQ_ICM_ENTRY_BYTES)
+        if self.icm_qp_base is None:
+            self.icm_qp_base = await self._map_icm(IcmTable.QP, self.cfg.n_qps * QP_ICM_ENTRY_BYTES)
         return self
 
     async def _map_icm(self, table, size):

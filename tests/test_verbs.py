@@ -96,15 +96,18 @@ def test_protocols_and_open():
     # allocator stops below them
     icm = 0x10_0000 + (1 << 20) - 4096
     icm_cq = icm - 4096
+    icm_qp = icm_cq - 4096
     assert mmio.log == ([("r", int(Reg.ID)), ("w", int(Reg.NODE_ID), 3)]
-                        + cmd_seq(Cmd.MAP_ICM, 0, [icm]) + cmd_seq(Cmd.MAP_ICM, 1, [icm_cq]))
+                        + cmd_seq(Cmd.MAP_ICM, 0, [icm]) + cmd_seq(Cmd.MAP_ICM, 1, [icm_cq])
+                        + cmd_seq(Cmd.MAP_ICM, 2, [icm_qp]))
     assert ctx.icm_mr_base == icm and mem.read(icm, 128) == bytes(128)
     assert ctx.icm_cq_base == icm_cq and mem.read(icm_cq, 128) == bytes(128)
+    assert ctx.icm_qp_base == icm_qp and mem.read(icm_qp, 128) == bytes(128)
     with pytest.raises(VerbsError, match="host memory exhausted"):
-        ctx.alloc(icm_cq - 0x10_0000 + 1)
+        ctx.alloc(icm_qp - 0x10_0000 + 1)
     assert ctx.alloc(64) == 0x10_0000
     run(ctx.open(check_id=False))          # a second open writes NODE_ID, maps nothing again
-    assert mmio.log[8:] == [("w", int(Reg.NODE_ID), 3)]
+    assert mmio.log[11:] == [("w", int(Reg.NODE_ID), 3)]
 
 
 def test_open_rejects_wrong_id():

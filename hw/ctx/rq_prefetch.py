@@ -34,9 +34,10 @@ Ports
         a kick that finds the queue full is dropped and counted: it only loses a prefetch).
 ``pi_g_addr``/``pi_g``, ``pi_k_addr``/``pi_k``: ``Out(qpn)`` / ``In(16)``  the responder's
         receive producer index of a QP (combinational reads).
-``reset``: ``In(1)``, ``reset_qpn``: ``In(qpn)``, ``reset_base``: ``In(64)``, ``reset_log``:
-        ``In(5)``  the QP was reset (RESET, INIT, RTR) with that receive queue: its row is
-        cleared in that cycle (always taken) and the QP kicked.
+``reset``: ``In(1)``, ``reset_qpn``: ``In(qpn)``, ``reset_new``: ``In(1)``, ``reset_base``:
+        ``In(64)``, ``reset_log``: ``In(5)``  the QP was reset (RESET, INIT, RTR): its row is
+        cleared in that cycle (always taken) and the QP kicked. A new QP (``SET_QP``:
+        ``reset_new``) names its receive queue; a modify keeps the queue the row knows.
 ``dma``: ``Out(DmaReadPort(W))``  RECV_WQE_BYTES reads, data in request order.
 ``stat_prefetch`` (a read issued ahead of use), ``stat_demand`` (a read issued by a get that
 missed), ``stat_wait`` (a get waits this cycle), ``stat_kick_lost``: ``Out(1)``.
@@ -83,7 +84,8 @@ class RqPrefetch(wiring.Component):
             "kick": In(stream.Signature(data.StructLayout({"qpn": qb}))),
             "pi_g_addr": Out(qb), "pi_g": In(16),
             "pi_k_addr": Out(qb), "pi_k": In(16),
-            "reset": In(1), "reset_qpn": In(qb), "reset_base": In(64), "reset_log": In(5),
+            "reset": In(1), "reset_qpn": In(qb), "reset_new": In(1), "reset_base": In(64),
+            "reset_log": In(5),
             "dma": Out(DmaReadPort(W)),
             "stat_prefetch": Out(1), "stat_demand": Out(1), "stat_wait": Out(1),
             "stat_kick_lost": Out(1),
@@ -138,16 +140,23 @@ class RqPrefetch(wiring.Component):
         asm_cnt = Signal(range(beats + 1))
         asm_full = Signal()
         rd = self.dma.rd
-        m.d.comb += rd.ready.eq(~asm_full)
+        # a beat is taken even in the cycle the assembled WQE is filled into its row (a fill
+        # waits only for a reset): the DMA data never waits for the row write
+        fill = Signal()
+        m.d.comb += [fill.eq(asm_full & info.r_rdy & ~self.reset),
+                     rd.ready.eq(~asm_full | fill)]
+        with m.If(fill):
+            m.d.sync += [asm_full.eq(0), asm_cnt.eq(0), asm_err.eq(0)]
         with m.If(rd.valid & rd.ready):
             if W >= RECV_WQE_BYTES:
                 m.d.sync += asm.as_value().eq(rd.payload.data[:8 * RECV_WQE_BYTES])
             else:
-                with m.Switch(asm_cnt):
+                with m.Switch(Mux(fill, 0, asm_cnt)):
                     for k in range(beats):
                         with m.Case(k):
                             m.d.sync += asm.as_value().word_select(k, 8 * W).eq(rd.payload.data)
-            m.d.sync += [asm_cnt.eq(asm_cnt + 1), asm_err.eq(asm_err | rd.payload.err)]
+            m.d.sync += [asm_cnt.eq(Mux(fill, 1, asm_cnt + 1)),
+                         asm_err.eq((asm_err & ~fill) | rd.payload.err)]
             with m.If(rd.payload.last):
                 m.d.sync += asm_full.eq(1)
         fin = INFO(info.r_data)
@@ -186,23 +195,25 @@ class RqPrefetch(wiring.Component):
                      & posted(self.pi_k, krow.nxt, krow.log))
 
         with m.If(self.reset):
-            # the QP starts afresh at receive index 0 of the queue its event names; WQEs
+            # the QP starts afresh at receive index 0 of its queue (named by the event of a
+            # new QP, else the one the row knows); WQEs
             # posted before (in INIT) are read at once: a self-kick
             m.d.comb += [kp.addr.eq(self.reset_qpn), wp.en.eq(1), wp.data.eq(0),
-                         wp.data.drop.eq(krow.pending | krow.drop), wp.data.ctx_ok.eq(1),
-                         wp.data.base.eq(self.reset_base), wp.data.log.eq(self.reset_log)]
+                         wp.data.drop.eq(krow.pending | krow.drop),
+                         wp.data.ctx_ok.eq(self.reset_new | krow.ctx_ok),
+                         wp.data.base.eq(Mux(self.reset_new, self.reset_base, krow.base)),
+                         wp.data.log.eq(Mux(self.reset_new, self.reset_log, krow.log))]
             with m.If(~sk_valid):
                 m.d.sync += [sk_valid.eq(1), sk_qpn.eq(self.reset_qpn)]
             with m.Else():
                 m.d.comb += sk_lost.eq(1)
-        with m.Elif(asm_full & info.r_rdy):
+        with m.Elif(fill):
             # a read has returned: keep its WQE unless the QP was reset meanwhile
             m.d.comb += [kp.addr.eq(fin.qpn), wp.en.eq(1), wp.data.eq(krow),
                          wp.data.pending.eq(0), wp.data.drop.eq(0), info.r_en.eq(1)]
             with m.If(~krow.drop):
                 m.d.comb += [wp.data.valid.eq(1), wp.data.idx.eq(fin.idx),
                              wp.data.wqe.eq(asm), wp.data.err.eq(asm_err)]
-            m.d.sync += [asm_full.eq(0), asm_cnt.eq(0), asm_err.eq(0)]
         with m.Elif(self.get.valid & hit & out_free):
             # answered from the row; read the next WQE at once if it is posted
             m.d.comb += [answer.eq(1), kp.addr.eq(g.qpn), wp.en.eq(1), wp.data.eq(row),

@@ -46,6 +46,7 @@ from ..counters import Counters
 from ..ctx.cq_cache import CqCache
 from ..ctx.icm_port import IcmPort
 from ..ctx.mr_cache import MR_ICM_ENTRY_BYTES, MrCache
+from ..ctx.qp_cache import QpCache
 from ..depacketizer import Depacketizer
 from ..dispatch import PacketDemux
 from ..dma.host_if import HostInterface
@@ -113,7 +114,8 @@ class Rnic(wiring.Component):
         m.submodules.context = context = Context(cfg)
         m.submodules.mr_cache = mr_cache = MrCache(cfg)
         m.submodules.cq_cache = cq_cache = CqCache(cfg)
-        m.submodules.icm = icm = IcmPort(2, W)
+        m.submodules.qp_cache = qp_cache = QpCache(cfg)
+        m.submodules.icm = icm = IcmPort(3, W)
         m.submodules.doorbells = doorbells = Doorbells(cfg)
         m.submodules.counters = counters = Counters()
         m.submodules.events = events = AsyncEvents()
@@ -149,10 +151,13 @@ class Rnic(wiring.Component):
         m.d.comb += [req.node_id.eq(node_id), resp.node_id.eq(node_id), demux.node_id.eq(node_id)]
 
         # Tables.
-        wiring.connect(m, req.qpc_tx, context.qpc_tx)
-        wiring.connect(m, req.qpc_fetch, context.qpc_fetch)
+        # QP contexts: in host memory (ICM) behind the QP-context cache; the QP states on chip
+        wiring.connect(m, req.qpc_tx, qp_cache.lk[0])
+        wiring.connect(m, req.qpc_fetch, qp_cache.lk[1])
+        wiring.connect(m, resp.qpc, qp_cache.lk[2])
+        wiring.connect(m, context.qp_wr, qp_cache.wr)
+        m.d.comb += qp_cache.base.eq(context.icm_qp_base)
         wiring.connect(m, resp.qp, context.qp_resp)
-        wiring.connect(m, resp.qpc, context.qpc_resp)
         # memory regions: in host memory (ICM) behind the MR cache
         wiring.connect(m, req.mr, mr_cache.lk[0])
         wiring.connect(m, resp.mr, mr_cache.lk[1])
@@ -167,6 +172,8 @@ class Rnic(wiring.Component):
         wiring.connect(m, mr_cache.dma_wr, icm.wr[0])
         wiring.connect(m, cq_cache.dma_rd, icm.rd[1])
         wiring.connect(m, cq_cache.dma_wr, icm.wr[1])
+        wiring.connect(m, qp_cache.dma_rd, icm.rd[2])
+        wiring.connect(m, qp_cache.dma_wr, icm.wr[2])
         wiring.connect(m, doorbells.bind, context.bind)
 
         # Events: broadcast, the engines are always ready.
@@ -279,6 +286,10 @@ class Rnic(wiring.Component):
             Counter.CQ_CACHE_MISSES: cq_cache.stat_miss,
             Counter.CQ_CACHE_EVICTIONS: cq_cache.stat_evict,
             Counter.CQ_CACHE_WRITEBACKS: cq_cache.stat_writeback,
+            Counter.QP_CACHE_HITS: qp_cache.stat_hit,
+            Counter.QP_CACHE_MISSES: qp_cache.stat_miss,
+            Counter.QP_CACHE_EVICTIONS: qp_cache.stat_evict,
+            Counter.QP_CACHE_WRITEBACKS: qp_cache.stat_writeback,
             Counter.WQE_CACHE_HITS: req.stat_wqe_hit,
             Counter.WQE_CACHE_MISSES: req.stat_wqe_miss,
             Counter.WQE_CACHE_EVICTIONS: req.stat_wqe_evict,

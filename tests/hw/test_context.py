@@ -49,24 +49,38 @@ def test_registers_and_tables():
         qp = layout_int(QP_CTX, sq_base=0x1000, rq_base=0x2000, sq_log_size=4, rq_log_size=3,
                         send_cq=1, recv_cq=2, pd=7, dest_qpn=0x123, dest_node=1,
                         access=int(Access.REMOTE_READ.value), max_rd_atomic=16)
-        assert await command(ctx, bus, Cmd.SET_QP, 2, qp) == CmdStatus.OK
+        # QP contexts live in ICM: SET_QP needs the table mapped, then reads BUSY until the
+        # QP-context cache takes the context (a command meanwhile is ignored)
+        assert await command(ctx, bus, Cmd.SET_QP, 2, qp) == CmdStatus.BAD_STATE
+        assert ctx.get(dut.qp_wr.valid) == 0
+        assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.QP, 0x50_0000) == CmdStatus.OK
+        assert ctx.get(dut.icm_qp_base) == 0x50_0000
+        assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.QP, 0x60_0000) == CmdStatus.BAD_STATE
+        assert await command(ctx, bus, Cmd.SET_QP, 2, qp) == CmdStatus.BUSY
+        assert ctx.get(dut.qp_wr.valid) == 1 and ctx.get(dut.qp_wr.payload.slot) == 2
+        assert ctx.get(dut.qp_wr.payload.entry.as_value()) == qp
+        assert await command(ctx, bus, Cmd.NOP, 0) == CmdStatus.BUSY      # ignored meanwhile
+        ctx.set(dut.qp_wr.ready, 1)
+        await ctx.tick()
+        ctx.set(dut.qp_wr.ready, 0)
+        assert ctx.get(dut.qp_wr.valid) == 0
+        assert await mmio_read(ctx, bus, Reg.CMD) == CmdStatus.OK
         ctx.set(dut.qp_req.index, 2)
         ctx.set(dut.qp_resp.index, 1)
-        data = ctx.get(dut.qp_req.data)
-        assert data.ctx.sq_base == 0x1000 and data.ctx.pd == 7 and data.ctx.dest_qpn == 0x123
-        assert data.state == QpState.RESET
-        assert ctx.get(dut.qp_resp.data).ctx.sq_base == 0
+        assert ctx.get(dut.qp_req.data).state == QpState.RESET
+        assert ctx.get(dut.qp_resp.data).state == QpState.RESET
         # Bad values are refused and change nothing.
         assert await command(ctx, bus, Cmd.SET_QP, 4, qp) == CmdStatus.BAD_INDEX
         bad = layout_int(QP_CTX, send_cq=CFG.n_cqs)
         assert await command(ctx, bus, Cmd.SET_QP, 1, bad) == CmdStatus.BAD_VALUE
+        assert ctx.get(dut.qp_wr.valid) == 0
         assert await command(ctx, bus, 0x77, 0) == CmdStatus.BAD_OPCODE
         # MR: the table lives in ICM, mapped once; the key must name the slot.
         mr = layout_int(MR_ENTRY, base=0x4000, length=0x100, key=(3 << 8) | 0x5A, pd=7,
                         access=15, valid=1)
         assert await command(ctx, bus, Cmd.SET_MR, 3, mr) == CmdStatus.BAD_STATE
         assert ctx.get(dut.mr_wr.valid) == 0
-        assert await command(ctx, bus, Cmd.MAP_ICM, 2, 0x10_0000) == CmdStatus.BAD_INDEX
+        assert await command(ctx, bus, Cmd.MAP_ICM, 3, 0x10_0000) == CmdStatus.BAD_INDEX
         assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.MR, 0x10_0800) == CmdStatus.BAD_VALUE
         assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.MR, 0x10_0000) == CmdStatus.OK
         assert ctx.get(dut.icm_mr_base) == 0x10_0000
@@ -119,13 +133,17 @@ def test_registers_and_tables():
         assert await command(ctx, bus, Cmd.MODIFY_QP, 2, QpState.INIT.value) == CmdStatus.OK
         other = layout_int(QP_CTX, sq_base=0x9000, pd=3, send_cq=1, recv_cq=1)
         assert await command(ctx, bus, Cmd.SET_QP, 2, other) == CmdStatus.BAD_STATE
+        assert ctx.get(dut.qp_wr.valid) == 0
         ctx.set(dut.qp_req.index, 2)
-        data = ctx.get(dut.qp_req.data)
-        assert data.ctx.sq_base == 0x1000 and data.ctx.pd == 7 and data.state == QpState.INIT
-        # Once reset, the same SET_QP is accepted.
+        assert ctx.get(dut.qp_req.data).state == QpState.INIT
+        # Once reset, the same SET_QP is accepted: the new context goes to the cache.
         assert await command(ctx, bus, Cmd.MODIFY_QP, 2, QpState.RESET.value) == CmdStatus.OK
-        assert await command(ctx, bus, Cmd.SET_QP, 2, other) == CmdStatus.OK
-        assert ctx.get(dut.qp_req.data).ctx.sq_base == 0x9000
+        assert await command(ctx, bus, Cmd.SET_QP, 2, other) == CmdStatus.BUSY
+        assert ctx.get(dut.qp_wr.payload.entry.as_value()) == other
+        ctx.set(dut.qp_wr.ready, 1)
+        await ctx.tick()
+        ctx.set(dut.qp_wr.ready, 0)
+        assert await mmio_read(ctx, bus, Reg.CMD) == CmdStatus.OK
 
     run(dut, tb)
 

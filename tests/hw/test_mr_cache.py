@@ -1,6 +1,7 @@
-"""The MR table in ICM behind the MR cache (hw/ctx/mr_cache.py), against a Python model.
+"""The MR table in ICM behind the MR cache (hw/ctx/mr_cache.py), and the QP-context table
+behind the QP-context cache (hw/ctx/qp_cache.py), against a Python model.
 
-Three clients (two lookup ports and the SET_MR write stream) drive the cache at random; the
+The clients (the lookup ports and the SET_MR / SET_QP write stream) drive the cache at random; the
 host memory (tests.hw.dma_models.PortMemorySim) answers fills and write-backs with random
 latency and back-pressure. Every lookup must return the entry of the last write accepted
 before it (the cache takes one request per cycle, so acceptance cycles order them), whether
@@ -13,8 +14,9 @@ import pytest
 
 from hw.config import NicConfig
 from hw.ctx.mr_cache import MrCache
+from hw.ctx.qp_cache import QpCache
 from hw.formats import MR_ENTRY
-from hw.regmap import MR_ICM_ENTRY_BYTES
+from hw.regmap import MR_ICM_ENTRY_BYTES, QP_CTX, QP_ICM_ENTRY_BYTES
 from tests.hw.dma_models import HostMemory, cache_sim
 
 BASE = 0x40_0000
@@ -30,15 +32,32 @@ def entry(slot, gen):
     return v
 
 
-def run(cfg, n_ops, seed, fail=None, init=None, p_req=0.5):
-    dut = MrCache(cfg)
+def qp_entry(slot, gen):
+    """A distinct QP context for (slot, generation) as an integer of QP_CTX."""
+    fields = dict(sq_base=0x2000_0000 + slot * 0x10000 + 64 * gen, rq_base=0x3000_0000 + gen,
+                  sq_log_size=gen % 16, send_cq=slot, recv_cq=gen & 0x3FF, pd=slot + 1,
+                  dest_qpn=(slot << 12) | gen, dest_node=gen & 0xFF, min_rnr_timer=31)
+    v = 0
+    for name, x in fields.items():
+        v |= x << QP_CTX[name].offset
+    return v
+
+
+KINDS = {"mr": (MrCache, "n_mrs", entry, MR_ICM_ENTRY_BYTES),
+         "qp": (QpCache, "n_qps", qp_entry, QP_ICM_ENTRY_BYTES)}
+
+
+def run(cfg, n_ops, seed, fail=None, init=None, p_req=0.5, kind="mr"):
+    cls, n_attr, entry_of, entry_bytes = KINDS[kind]
+    dut = cls(cfg)
+    nl = dut.n_lookups
     rng = random.Random(seed)
     mem = HostMemory()
     for slot, v in (init or {}).items():
         mem.write(BASE + MR_ICM_ENTRY_BYTES * slot, v.to_bytes(MR_ICM_ENTRY_BYTES, "little"))
     sim, dma = cache_sim(dut, cfg.data_bytes, mem=mem, seed=seed + 1, lat=(2, 12),
                          p_ready=0.6, p_gap=0.2, fail=fail)
-    n = cfg.n_mrs
+    n = getattr(cfg, n_attr)
     cur = dict(init or {})          # the model: slot -> entry of the last accepted write
     gen = {}
     log = []                        # (port, slot, got, err, want)
@@ -46,13 +65,13 @@ def run(cfg, n_ops, seed, fail=None, init=None, p_req=0.5):
 
     async def tb(ctx):
         ctx.set(dut.base, BASE)
-        pend = [None, None]         # per lookup port: the slot asked for, its expected value
-        offer = [None, None]        # per lookup port: the slot offered on req
+        pend = [None] * nl          # per lookup port: the slot asked for, its expected value
+        offer = [None] * nl         # per lookup port: the slot offered on req
         w_offer = None
         done = 0
         cycle = 0
         while done < n_ops or any(p is not None for p in pend):
-            for k in range(2):
+            for k in range(nl):
                 if offer[k] is None and pend[k] is None and done < n_ops and rng.random() < p_req:
                     offer[k] = rng.randrange(n)
                 lk = dut.lk[k]
@@ -62,14 +81,14 @@ def run(cfg, n_ops, seed, fail=None, init=None, p_req=0.5):
             if w_offer is None and done < n_ops and rng.random() < p_req / 3:
                 s = rng.randrange(n)
                 gen[s] = gen.get(s, 0) + 1
-                w_offer = (s, entry(s, gen[s]))
+                w_offer = (s, entry_of(s, gen[s]))
             ctx.set(dut.wr.valid, w_offer is not None)
             if w_offer is not None:
                 ctx.set(dut.wr.payload.slot, w_offer[0])
                 ctx.set(dut.wr.payload.entry.as_value(), w_offer[1])
             await ctx.delay(1e-9)
             # sample (the arbiter grants at most one request this cycle)
-            for k in range(2):
+            for k in range(nl):
                 lk = dut.lk[k]
                 if pend[k] is not None and ctx.get(lk.resp.valid) and ctx.get(lk.resp.ready):
                     got = ctx.get(lk.resp.payload.data.as_value())
@@ -87,9 +106,9 @@ def run(cfg, n_ops, seed, fail=None, init=None, p_req=0.5):
                 stats[name] += ctx.get(getattr(dut, f"stat_{name}"))
             await ctx.tick()
             cycle += 1
-            assert cycle < 50 * n_ops + 2000, "the MR cache stopped answering"
+            assert cycle < 50 * n_ops + 2000, "the cache stopped answering"
         ctx.set(dut.wr.valid, 0)
-        for k in range(2):
+        for k in range(nl):
             ctx.set(dut.lk[k].req.valid, 0)
         for _ in range(300):        # let the last write-backs finish
             for name in stats:
@@ -180,3 +199,22 @@ def test_icm_fill_and_failed_fill():
     assert not [w for w in dma.writes]          # nothing dirty: nothing written back
     # slot 0 hits the second time (sets 2, ways 1: 0 and 1 in different sets)
     assert len([r for r in dma.reads if r[1] == BASE]) == 1
+
+
+@pytest.mark.parametrize("sets,ways,policy", [(1, 2, "lru"), (2, 2, "plru"), (4, 2, "lru")])
+def test_qp_cache_lookups_see_the_last_write(sets, ways, policy):
+    """The QP-context cache (three lookup ports: the requester's flush and fetch issue, the
+    responder; SET_QP writes): every lookup answers the context of the last accepted
+    SET_QP, through misses, evictions and write-backs of 32-byte contexts to ICM."""
+    cfg = NicConfig(data_bytes=8, n_qps=16, qp_cache_sets=sets, qp_cache_ways=ways,
+                    qp_cache_policy=policy)
+    log, stats, dma, cur, mem = run(cfg, 300, seed=sets * 7 + ways, kind="qp")
+    assert len(log) >= 300 and {k for k, *_ in log} == {0, 1, 2}
+    bad = [(k, s, hex(g), hex(w)) for k, s, g, e, w in log if e or g != w]
+    assert not bad, bad[:5]
+    assert stats["evict"] > 0 and stats["writeback"] > 0
+    for _, a, n, _, ok, data in dma.writes:
+        slot = (a - BASE) // QP_ICM_ENTRY_BYTES
+        assert ok and n == QP_ICM_ENTRY_BYTES and 0 <= slot < cfg.n_qps
+        assert int.from_bytes(data, "little") >> QP_CTX.size == 0      # zero padding
+        assert cur.get(slot) is not None

@@ -41,8 +41,7 @@ def ldict(layout, value):
 
 
 def qp_int(entry):
-    return (lint(QP_CTX, entry["ctx"]) << QP_LOOKUP["ctx"].offset) | (
-        entry["state"].value << QP_LOOKUP["state"].offset)
+    return entry["state"].value << QP_LOOKUP["state"].offset
 
 
 # ---------------------------------------------------------------------------------------
@@ -258,6 +257,8 @@ class Model:
                 # old incarnation is cancelled (the new one is not in error)
                 self.errs.pop()
             self.qps[q]["state"] = state
+            if state == QpState.RESET:
+                self.pi[q] = 0          # the receive producer index restarts
             if state not in (QpState.RTS, QpState.ERR):
                 self.st[q] = self._fresh(rq_psn)
         elif kind == "db":
@@ -499,8 +500,12 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
                 or any(dones.values()) or tx_open is not None)
             if out["rx_done"] is None and not todo and not rx_beats:
                 out["rx_done"] = cyc
-            for port in rd_ports:
-                if ctx.get(port.rd.valid) and not ctx.get(port.rd.ready):
+            # read data that waits (the atomic unit's read may wait for its own write,
+            # which the host back-pressures: a read-modify-write, never a wait on tx)
+            at_w = dut.at_wr.wr
+            for k, port in enumerate(rd_ports):
+                if ctx.get(port.rd.valid) and not ctx.get(port.rd.ready) and not (
+                        k == 2 and ctx.get(at_w.valid) and not ctx.get(at_w.ready)):
                     out["rd_stall"] += 1
             out["resp_full"] += ctx.get(dut.stat_resp_full)
             if meta_v and ctx.get(dut.rx.meta.ready):
@@ -587,7 +592,7 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
             out["replays"] += ctx.get(dut.stat_replay)
             out["coalesced"] += ctx.get(dut.stat_coalesce)
             quiet = 0 if busy else quiet + 1
-            if not todo and quiet > quiet_end and cyc > tx_hold:
+            if not todo and quiet > quiet_end and cyc > tx_hold + quiet_end:
                 break
             assert cyc < max_cycles, "simulation did not finish"
             await ctx.tick()
@@ -786,11 +791,14 @@ def test_every_opcode_succeeds_wide(data_bytes):
 
 
 def with_resets(q, cases, probe=True):
-    """For each case: reset QP q to RTS at PSN 10*i, run the case's packets, then (after a
-    fatal error) probe with a WRITE_ONLY that must be dropped because the QP is in ERR."""
+    """For each case: reset QP q (RESET: its receive producer index restarts at 0, so the
+    receive WQE prefetch drops what it read of the old ring) and bring it to RTS at PSN 10*i,
+    run the case's packets, then (after a fatal error) probe with a WRITE_ONLY that must be
+    dropped because the QP is in ERR."""
     items = []
     for i, case in enumerate(cases):
         psn = 10 * (i + 1)
+        items.append(event(q, QpState.RESET, psn))
         items.append(event(q, QpState.RTS, psn))
         for it in case(psn):
             items.append(it)

@@ -96,6 +96,7 @@ def run(*, W=64, n=4, cycles=3000, seed=0, p_post=0.3, p_get=0.5, p_reset=0.0,
             if start_reset and cycle < n:
                 ctx.set(dut.reset, 1)
                 ctx.set(dut.reset_qpn, cycle)
+                ctx.set(dut.reset_new, 1)
                 ctx.set(dut.reset_base, reset_base(cycle))
                 ctx.set(dut.reset_log, LOG)
             # a reset (not of the QP with a get in flight); the ring is rewritten at once
@@ -104,6 +105,8 @@ def run(*, W=64, n=4, cycles=3000, seed=0, p_post=0.3, p_get=0.5, p_reset=0.0,
                 if get is None or get[0] != q:
                     ctx.set(dut.reset, 1)
                     ctx.set(dut.reset_qpn, q)
+                    # a new QP names its queue, a modify keeps the one the row knows
+                    ctx.set(dut.reset_new, rng.random() < 0.5)
                     ctx.set(dut.reset_base, reset_base(q))
                     ctx.set(dut.reset_log, LOG)
                     ctx.set(h.pi_we, 1)
