@@ -471,20 +471,27 @@ async def test_random_mixed(dut):
     if CFG.host.blueflame:      # every WR is posted alone: some WQEs come by BlueFlame
         for h in (sysm.a, sysm.b):
             assert await h.ctx.read_counter(Counter.BLUEFLAME_WQES) > 0
-    # the MR table and the CQ contexts are in ICM: with fewer cache entries than regions
-    # (CQs) in use, lookups miss, dirty entries (SET_MR, SET_CQ) are written back and read
-    # again, and the scoreboard saw every byte and completion right through them; both
-    # caches share the ICM DMA clients
+    # the MR table, the CQ and the QP contexts are in ICM: with fewer cache entries than
+    # regions (CQs, QPs) in use, lookups miss, dirty entries (SET_MR, SET_CQ, SET_QP) are
+    # written back and read again, and the scoreboard saw every byte and completion right
+    # through them; the three caches share the ICM DMA clients
     for h in (sysm.a, sysm.b):
         c = await h.read_counters()
-        dut._log.info("MR and CQ caches: " + ", ".join(f"{k} {c[k]}" for k in (
+        dut._log.info("MR, CQ and QP caches: " + ", ".join(f"{k} {c[k]}" for k in (
             "MR_CACHE_HITS", "MR_CACHE_MISSES", "MR_CACHE_EVICTIONS", "MR_CACHE_WRITEBACKS",
             "CQ_CACHE_HITS", "CQ_CACHE_MISSES", "CQ_CACHE_EVICTIONS", "CQ_CACHE_WRITEBACKS",
+            "QP_CACHE_HITS", "QP_CACHE_MISSES", "QP_CACHE_EVICTIONS", "QP_CACHE_WRITEBACKS",
             "RD_ICM_REQS", "RD_ICM_BYTES", "WR_ICM_REQS", "WR_ICM_BYTES")))
         assert c["RD_ICM_BYTES"] == 32 * c["RD_ICM_REQS"]
         assert (c["WR_ICM_BYTES"] == 32 * c["WR_ICM_REQS"]
-                == 32 * (c["MR_CACHE_WRITEBACKS"] + c["CQ_CACHE_WRITEBACKS"]))
-        assert c["RD_ICM_REQS"] <= c["MR_CACHE_MISSES"] + c["CQ_CACHE_MISSES"]
+                == 32 * (c["MR_CACHE_WRITEBACKS"] + c["CQ_CACHE_WRITEBACKS"]
+                         + c["QP_CACHE_WRITEBACKS"]))
+        assert c["RD_ICM_REQS"] <= (c["MR_CACHE_MISSES"] + c["CQ_CACHE_MISSES"]
+                                    + c["QP_CACHE_MISSES"])
+        # one QP per pair on each node, fewer cache entries than QPs: contexts are evicted
+        # (dirty from SET_QP: written back) and read again
+        if CFG.nic.qp_cache_sets * CFG.nic.qp_cache_ways < npairs:
+            assert c["QP_CACHE_EVICTIONS"] > 0 and c["QP_CACHE_WRITEBACKS"] > 0, c
         # one CQ per pair on each node: every signaled completion looks its CQ up
         assert c["CQ_CACHE_HITS"] + c["CQ_CACHE_MISSES"] >= c["CQES"]
         if CFG.nic.cq_cache_sets * CFG.nic.cq_cache_ways < npairs:
