@@ -30,6 +30,20 @@ async def command(ctx, bus, op, index, arg_value=0):
     return await mmio_read(ctx, bus, Reg.CMD)
 
 
+async def written_into_cache(ctx, bus, wr, op, index, value):
+    """A SET_QP / SET_CQ that is accepted: CMD reads BUSY (a command meanwhile is ignored)
+    while ``wr`` offers {index, value} to the cache, OK once the cache takes it."""
+    assert await command(ctx, bus, op, index, value) == CmdStatus.BUSY
+    assert ctx.get(wr.valid) == 1 and ctx.get(wr.payload.slot) == index
+    assert ctx.get(wr.payload.entry.as_value()) == value
+    assert await command(ctx, bus, Cmd.NOP, 0) == CmdStatus.BUSY      # ignored meanwhile
+    ctx.set(wr.ready, 1)
+    await ctx.tick()
+    ctx.set(wr.ready, 0)
+    assert ctx.get(wr.valid) == 0
+    assert await mmio_read(ctx, bus, Reg.CMD) == CmdStatus.OK
+
+
 def run(dut, tb):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -56,15 +70,7 @@ def test_registers_and_tables():
         assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.QP, 0x50_0000) == CmdStatus.OK
         assert ctx.get(dut.icm_qp_base) == 0x50_0000
         assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.QP, 0x60_0000) == CmdStatus.BAD_STATE
-        assert await command(ctx, bus, Cmd.SET_QP, 2, qp) == CmdStatus.BUSY
-        assert ctx.get(dut.qp_wr.valid) == 1 and ctx.get(dut.qp_wr.payload.slot) == 2
-        assert ctx.get(dut.qp_wr.payload.entry.as_value()) == qp
-        assert await command(ctx, bus, Cmd.NOP, 0) == CmdStatus.BUSY      # ignored meanwhile
-        ctx.set(dut.qp_wr.ready, 1)
-        await ctx.tick()
-        ctx.set(dut.qp_wr.ready, 0)
-        assert ctx.get(dut.qp_wr.valid) == 0
-        assert await mmio_read(ctx, bus, Reg.CMD) == CmdStatus.OK
+        await written_into_cache(ctx, bus, dut.qp_wr, Cmd.SET_QP, 2, qp)
         ctx.set(dut.qp_req.index, 2)
         ctx.set(dut.qp_resp.index, 1)
         assert ctx.get(dut.qp_req.data).state == QpState.RESET
@@ -114,15 +120,7 @@ def test_registers_and_tables():
         assert await command(ctx, bus, Cmd.SET_CQ, 4, cq) == CmdStatus.BAD_INDEX
         assert await command(ctx, bus, Cmd.SET_CQ, 1, layout_int(CQ_CTX, log_size=17)) == CmdStatus.BAD_VALUE
         ctx.set(dut.cq_event.ready, 1)
-        assert await command(ctx, bus, Cmd.SET_CQ, 1, cq) == CmdStatus.BUSY
-        assert ctx.get(dut.cq_wr.valid) == 1 and ctx.get(dut.cq_wr.payload.slot) == 1
-        assert ctx.get(dut.cq_wr.payload.entry.as_value()) == cq
-        assert await command(ctx, bus, Cmd.NOP, 0) == CmdStatus.BUSY      # ignored meanwhile
-        ctx.set(dut.cq_wr.ready, 1)
-        await ctx.tick()
-        ctx.set(dut.cq_wr.ready, 0)
-        assert ctx.get(dut.cq_wr.valid) == 0
-        assert await mmio_read(ctx, bus, Reg.CMD) == CmdStatus.OK
+        await written_into_cache(ctx, bus, dut.cq_wr, Cmd.SET_CQ, 1, cq)
         # Doorbell binding.
         assert await command(ctx, bus, Cmd.BIND_DB, 2, 3) == CmdStatus.OK
         assert await command(ctx, bus, Cmd.BIND_DB, 2, CFG.n_doorbells) == CmdStatus.BAD_VALUE
@@ -138,12 +136,7 @@ def test_registers_and_tables():
         assert ctx.get(dut.qp_req.data).state == QpState.INIT
         # Once reset, the same SET_QP is accepted: the new context goes to the cache.
         assert await command(ctx, bus, Cmd.MODIFY_QP, 2, QpState.RESET.value) == CmdStatus.OK
-        assert await command(ctx, bus, Cmd.SET_QP, 2, other) == CmdStatus.BUSY
-        assert ctx.get(dut.qp_wr.payload.entry.as_value()) == other
-        ctx.set(dut.qp_wr.ready, 1)
-        await ctx.tick()
-        ctx.set(dut.qp_wr.ready, 0)
-        assert await mmio_read(ctx, bus, Reg.CMD) == CmdStatus.OK
+        await written_into_cache(ctx, bus, dut.qp_wr, Cmd.SET_QP, 2, other)
 
     run(dut, tb)
 
