@@ -322,15 +322,15 @@ _CONNECTX6 = SystemConfig(
     name="connectx6",
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=1024, n_cqs=64, n_mrs=16,
                   n_doorbells=16, mtu=4096, max_rd_atomic=16, max_outstanding=32,
-                  pipeline_ns=118.5, mr_cache_sets=8, mr_cache_ways=2,
+                  pipeline_ns=104.25, mr_cache_sets=8, mr_cache_ways=2,
                   cq_cache_sets=32, cq_cache_ways=2, qp_cache_sets=64, qp_cache_ways=4,
                   wqe_cache_sets=256, wqe_cache_ways=4),
     host=HostConfig(pcie_ns=150.0, host_mem_ns=100.0, pcie_gbps=128.0, mmio_ns=150.0),
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration=("pipeline_ns: 8-byte READ, 12 QPs x depth 1 closed loop at 5.103 Mops, i.e. a "
                  "loaded round trip of 2.35 us (SMART, ASPLOS'24, artifact fig4a); re-fitted "
-                 "on f1c08b0 with the MR and WQE caches in the RTL: 100 ns gave 2.278 us, a "
-                 "READ crosses the pipeline 4 times, 100 + (2.352 - 2.278) / 4 us = 118.5 ns"),
+                 "on 766a79b with the QP-context cache in the RTL: 118.5 ns gave 2.409 us, a "
+                 "READ crosses the pipeline 4 times, 118.5 + (2.352 - 2.409) / 4 us = 104.25 ns"),
 )
 
 # Small and fast: for unit and integration tests and for FPGA synthesis checks. Its MR cache
