@@ -50,6 +50,11 @@ class NicConfig:
     Structural constants of the pipeline (they shape throughput and latency under load, so
     they are fields, recorded in every summary.json with the rest of the configuration):
 
+    n_pus           the requester's processing units (a power of two in [1, 8], at most
+                    ``n_qps / 2`` and ``wqe_cache_sets``): copies of the requester, each
+                    serving the QPs with ``qpn % n_pus`` equal to its index, with its own send
+                    and response engines and its share of the WQE cache
+                    (hw/rnic/requester_units.py). The fields below are per unit.
     wqe_batch       WQEs read by one WQE-fetch DMA read (consecutive WQEs of one QP).
     fetch_depth     WQE fetches (of different QPs) in flight at once.
     desc_depth      request-packet headers queued between the send engine and the emitter.
@@ -107,6 +112,7 @@ class NicConfig:
     max_payload: int = 256
     tlp_overhead: int = 24
     dma_write_outstanding: int = 32
+    n_pus: int = 1
     wqe_batch: int = 4
     fetch_depth: int = 4
     desc_depth: int = 8
@@ -170,6 +176,7 @@ class NicConfig:
         self._check_cache("cq_cache", self.n_cqs)
         self._check_cache("qp_cache", self.n_qps)
         self._check_cache("wqe_cache", 1 << 16)
+        _check_pow2("n_pus", self.n_pus, 1, max(1, min(8, self.n_qps // 2, self.wqe_cache_sets)))
 
     def _check_cache(self, prefix, max_sets):
         """The four fields ``<prefix>_sets``, ``_ways``, ``_policy``, ``_mshrs`` of a cache."""

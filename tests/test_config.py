@@ -39,6 +39,11 @@ def test_presets_exist():
     ({"mr_cache_policy": "fifo"}, r"mr_cache_policy must be one of \('lru', 'plru'\), not 'fifo'"),
     ({"wqe_cache_sets": 3}, r"wqe_cache_sets must be a power of two in \[1, 65536\], not 3"),
     ({"wqe_cache_mshrs": 0}, r"wqe_cache_mshrs must be an integer in \[1, 16\], not 0"),
+    ({"n_pus": 3}, r"n_pus must be a power of two in \[1, 8\], not 3"),
+    ({"n_pus": 16}, r"n_pus must be a power of two in \[1, 8\], not 16"),
+    # at most n_qps / 2 (each unit holds at least two QPs) and wqe_cache_sets (a set each)
+    ({"n_pus": 4, "n_qps": 4}, r"n_pus must be a power of two in \[1, 2\], not 4"),
+    ({"n_pus": 4, "wqe_cache_sets": 2}, r"n_pus must be a power of two in \[1, 2\], not 4"),
 ])
 def test_bad_nic_parameters(kw, msg):
     with pytest.raises(ValueError, match=msg):

@@ -88,6 +88,25 @@ def rtl_run(agree_dir):
     return run(info, "tests.cocotb.tb_system", testcase=RTL_CASES, extra_env=env, check=False)
 
 
+# two processing units in the requester (hw/rnic/requester_units.py): QPs of both units in
+# the random test, completions and memory against the reference model
+PU_CASES = ["test_each_opcode", "test_random_mixed", "test_wqe_cache_guard", "test_blueflame",
+            "test_error_bad_lkey", "test_error_send_queue_overflow"]
+
+
+@pytest.fixture(scope="module")
+def pu_run():
+    info = build_system(preset("small").replace(host__kind="rtl", nic__n_pus=2), fast=True)
+    env = {"RNIC_PRESET": "small", "RNIC_HOST": "rtl", "RNIC_PUS": "2", "TB_SEED": "3",
+           "TB_OPS": os.environ.get("TB_OPS", "4000")}
+    return run(info, "tests.cocotb.tb_system", testcase=PU_CASES, extra_env=env, check=False)
+
+
+@pytest.mark.parametrize("case", PU_CASES)
+def test_system_two_units(pu_run, case):
+    _check_case(pu_run, case)
+
+
 def _check_case(result, case):
     results = {t.name.split(".")[-1]: t for t in result.tests}
     assert case in results, f"{case} did not run; log:\n{result.log()[-3000:]}"

@@ -50,7 +50,7 @@ class ContextCache(wiring.Component):
     def __init__(self, cfg, *, layout, n_entries, entry_bytes, prefix, n_lookups):
         if not isinstance(cfg, NicConfig):
             raise TypeError(f"cfg must be a NicConfig, not {cfg!r}")
-        check_int("n_lookups", n_lookups, 1, 3)
+        check_int("n_lookups", n_lookups, 1, 17)
         if layout.size > 8 * entry_bytes:
             raise ValueError(f"entry_bytes must hold the {layout.size}-bit context, "
                              f"not {entry_bytes!r}")
@@ -63,7 +63,7 @@ class ContextCache(wiring.Component):
             entry_bytes=entry_bytes, key_bits=self.slot_bits,
             sets=getattr(cfg, f"{prefix}_sets"), ways=getattr(cfg, f"{prefix}_ways"),
             policy=getattr(cfg, f"{prefix}_policy"), mshrs=getattr(cfg, f"{prefix}_mshrs"),
-            data_bytes=W, id_bits=2)
+            data_bytes=W, id_bits=max(2, n_lookups.bit_length()))
         super().__init__({
             "base": In(64),
             "lk": In(CtxLookup(self.slot_bits, layout)).array(n_lookups),

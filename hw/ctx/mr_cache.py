@@ -8,11 +8,12 @@ the entries the NIC uses cached on chip. Entry ``k`` of the table (the MR slot o
 24-byte :data:`~hw.formats.MR_ENTRY` padded to 32 bytes.
 
 A :class:`~hw.ctx.ctx_cache.ContextCache` (a :class:`~hw.lib.cache.SetAssocCache`; sets,
-ways, policy and MSHRs from :class:`~hw.config.NicConfig`: ``mr_cache_*``). Three clients
-share it through one round-robin arbiter:
+ways, policy and MSHRs from :class:`~hw.config.NicConfig`: ``mr_cache_*``). Its clients
+share it through one round-robin arbiter (``n = n_pus``, the requester's processing units;
+with one unit ``lk[0]`` and ``lk[1]``):
 
-* ``lk[0]`` the requester (the lkey of every send WQE with a local buffer),
-* ``lk[1]`` the responder (the rkey of a WRITE / READ / atomic request, the lkey of a
+* ``lk[0 .. n-1]`` the requester's units (the lkey of every send WQE with a local buffer),
+* ``lk[n]`` the responder (the rkey of a WRITE / READ / atomic request, the lkey of a
   receive WQE),
 * ``wr`` the command interface (``SET_MR``): a WRITE of the whole entry, which allocates the
   line dirty; the host copy is written when the line is evicted (write-back).
@@ -24,7 +25,7 @@ treats the key as invalid. A miss costs one 32-byte DMA read over the host inter
 request to response (docs/caches.md).
 
 Ports: ``base: In(64)`` (the ICM base of the table), ``lk: In(CtxLookup(slot_bits,
-MR_ENTRY)).array(2)``, ``wr: In(stream of {slot, entry})``, ``dma_rd: Out(DmaReadPort)``,
+MR_ENTRY)).array(n_pus + 1)``, ``wr: In(stream of {slot, entry})``, ``dma_rd: Out(DmaReadPort)``,
 ``dma_wr: Out(DmaWritePort)``, and one-cycle counter increments ``stat_hit``,
 ``stat_miss``, ``stat_evict``, ``stat_writeback``.
 """
@@ -40,4 +41,5 @@ __all__ = ["MrCache", "MR_ICM_ENTRY_BYTES"]
 class MrCache(ContextCache):
     def __init__(self, cfg: NicConfig):
         super().__init__(cfg, layout=MR_ENTRY, n_entries=getattr(cfg, "n_mrs", 2),
-                         entry_bytes=MR_ICM_ENTRY_BYTES, prefix="mr_cache", n_lookups=2)
+                         entry_bytes=MR_ICM_ENTRY_BYTES, prefix="mr_cache",
+                         n_lookups=getattr(cfg, "n_pus", 1) + 1)

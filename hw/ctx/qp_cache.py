@@ -14,12 +14,13 @@ engines keep their per-QP dynamic state (indices, PSNs, retry state) in their ow
 (docs/architecture.md, "Where state lives").
 
 A :class:`~hw.ctx.ctx_cache.ContextCache` (a :class:`~hw.lib.cache.SetAssocCache`; sets,
-ways, policy and MSHRs from :class:`~hw.config.NicConfig`: ``qp_cache_*``). Four clients
-share it through one round-robin arbiter:
+ways, policy and MSHRs from :class:`~hw.config.NicConfig`: ``qp_cache_*``). Its clients
+share it through one round-robin arbiter (``n = n_pus``, the requester's processing units,
+hw/rnic/requester_units.py; with one unit: ``lk[0]``, ``lk[1]``, ``lk[2]``):
 
-* ``lk[0]`` the requester's send engine (a flush: the send queue and the send CQ),
-* ``lk[1]`` the requester's WQE-fetch issue (every batch of send WQEs it fetches),
-* ``lk[2]`` the responder (every request packet),
+* ``lk[0 .. n-1]`` the send engine of each unit (a flush: the send queue and the send CQ),
+* ``lk[n .. 2n-1]`` the WQE-fetch issue of each unit (every batch of send WQEs it fetches),
+* ``lk[2n]`` the responder (every request packet),
 * ``wr`` the command interface (``SET_QP``): a WRITE of the whole context, which
   allocates the line dirty; the host copy is written when the line is evicted.
 
@@ -40,4 +41,5 @@ __all__ = ["QpCache", "QP_ICM_ENTRY_BYTES"]
 class QpCache(ContextCache):
     def __init__(self, cfg: NicConfig):
         super().__init__(cfg, layout=QP_CTX, n_entries=cfg.n_qps,
-                         entry_bytes=QP_ICM_ENTRY_BYTES, prefix="qp_cache", n_lookups=3)
+                         entry_bytes=QP_ICM_ENTRY_BYTES, prefix="qp_cache",
+                         n_lookups=2 * getattr(cfg, "n_pus", 1) + 1)

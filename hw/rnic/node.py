@@ -60,7 +60,7 @@ from ..mmio import MmioFrontend
 from ..link import Link
 from ..packetizer import Packetizer
 from ..regmap import DMA_READ_CLIENTS, DMA_WRITE_CLIENTS, Counter, register_map
-from ..requester import Requester
+from .requester_units import RequesterUnits
 from ..responder import Responder
 
 __all__ = ["Rnic"]
@@ -120,7 +120,7 @@ class Rnic(wiring.Component):
         m.submodules.counters = counters = Counters()
         m.submodules.events = events = AsyncEvents()
         m.submodules.mmio = front = MmioFrontend()
-        m.submodules.requester = req = Requester(cfg)
+        m.submodules.requester = req = RequesterUnits(cfg)
         m.submodules.responder = resp = Responder(cfg)
         m.submodules.completion = comp = Completion(cfg)
         m.submodules.packetizer = pktz = Packetizer(W)
@@ -152,15 +152,18 @@ class Rnic(wiring.Component):
 
         # Tables.
         # QP contexts: in host memory (ICM) behind the QP-context cache; the QP states on chip
-        wiring.connect(m, req.qpc_tx, qp_cache.lk[0])
-        wiring.connect(m, req.qpc_fetch, qp_cache.lk[1])
-        wiring.connect(m, resp.qpc, qp_cache.lk[2])
+        # (one lookup port each per processing unit: hw/rnic/requester_units.py)
+        npu = cfg.n_pus
+        for k in range(npu):
+            wiring.connect(m, req.qpc_tx[k], qp_cache.lk[k])
+            wiring.connect(m, req.qpc_fetch[k], qp_cache.lk[npu + k])
+            wiring.connect(m, req.mr[k], mr_cache.lk[k])
+        wiring.connect(m, resp.qpc, qp_cache.lk[2 * npu])
         wiring.connect(m, context.qp_wr, qp_cache.wr)
         m.d.comb += qp_cache.base.eq(context.icm_qp_base)
         wiring.connect(m, resp.qp, context.qp_resp)
         # memory regions: in host memory (ICM) behind the MR cache
-        wiring.connect(m, req.mr, mr_cache.lk[0])
-        wiring.connect(m, resp.mr, mr_cache.lk[1])
+        wiring.connect(m, resp.mr, mr_cache.lk[npu])
         wiring.connect(m, context.mr_wr, mr_cache.wr)
         m.d.comb += mr_cache.base.eq(context.icm_mr_base)
         # CQ contexts: in ICM too, behind the CQ-context cache

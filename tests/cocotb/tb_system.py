@@ -24,6 +24,8 @@ from sim.verbs import (SendWR, RecvWR, SendFlags, CommandError, VerbsError, ENOM
 CFG = preset(os.environ.get("RNIC_PRESET", "small")).replace(
     host__kind=os.environ.get("RNIC_HOST", "python"),
     host__reorder=float(os.environ.get("RNIC_REORDER", "0")))
+if os.environ.get("RNIC_PUS"):          # the requester's processing units (hw/rnic/requester_units.py)
+    CFG = CFG.replace(nic__n_pus=int(os.environ["RNIC_PUS"]))
 SEED = int(os.environ.get("TB_SEED", "1"))
 OPS = int(os.environ.get("TB_OPS", "2000"))
 BP = float(os.environ.get("TB_BACKPRESSURE", "0.2"))
@@ -541,7 +543,8 @@ async def test_wqe_cache_guard(dut):
     holds) responses find their WQE evicted and read it again: the host-interface read bytes
     per request rise. Completions and memory are checked against the reference model."""
     sysm, a, b, sb = await setup(dut, sq_depth=128, cq_depth=256)
-    entries = CFG.nic.wqe_cache_sets * CFG.nic.wqe_cache_ways
+    # the QP's processing unit has its share of the WQE cache
+    entries = CFG.nic.wqe_cache_sets * CFG.nic.wqe_cache_ways // CFG.nic.n_pus
     assert CFG.nic.max_outstanding > entries, "the guard needs more outstanding than entries"
     la, lk, ra, rk = a["buf"], a["mr"].lkey, b["buf"], b["mr"].rkey
     per_req = {}
