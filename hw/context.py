@@ -67,7 +67,7 @@ class Context(wiring.Component):
     bus : In(MmioSignature(8))     ID, NODE_ID, CMD, ARG registers (the ``control`` window of
                                    ``hw.regmap.register_map``, at address 0).
     node_id : Out(8)
-    qp_req, qp_resp : In(Lookup)   QP state (combinational).
+    qp_resp : In(Lookup)           QP state (combinational): the responder's.
     qp_wr : Out(stream)            SET_QP: {slot, entry} into the QP-context cache.
     icm_qp_base : Out(64)          host address of the QP context table (MAP_ICM).
     mr_wr : Out(stream)            SET_MR: {slot, entry} into the MR cache.
@@ -91,7 +91,6 @@ class Context(wiring.Component):
         super().__init__({
             "bus": In(MmioSignature(window_addr_width(CONTROL_BYTES))),
             "node_id": Out(8),
-            "qp_req": In(Lookup(self.qpn_bits, QP_LOOKUP)),
             "qp_resp": In(Lookup(self.qpn_bits, QP_LOOKUP)),
             "qp_wr": Out(stream.Signature(data.StructLayout({
                 "slot": self.qpn_bits, "entry": QP_CTX}))),
@@ -122,12 +121,11 @@ class Context(wiring.Component):
         # one write port (a command or an error request, never both in one cycle) and a read
         # port per index read below (hw/lib/mem_array.py)
         m.submodules.states = states = MemArray(cfg.n_qps, QpState, ("w",),
-                                                ("req", "resp", "cmd", "err"))
+                                                ("resp", "cmd", "err"))
         st_wr = states.w
 
         # Combinational lookups.
-        for port in (self.qp_req, self.qp_resp):
-            m.d.comb += port.data.state.eq(states[port.index])
+        m.d.comb += self.qp_resp.data.state.eq(states[self.qp_resp.index])
         # request / response: the index is latched, the answer is the table's entry there
         # while it is offered (so a SET_QP between request and answer is seen)
         rp = bind_mem.read_port(domain="comb")

@@ -174,8 +174,8 @@ from . import formats, regmap
 from .config import NicConfig
 from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
 from .arbiter import StreamArbiter
-from .interfaces import (CQE_REQUEST, QP_LOOKUP, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
-                         DoorbellEvent, Lookup, PacketOut, QpErrRequest, QpEvent)
+from .interfaces import (CQE_REQUEST, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
+                         DoorbellEvent, PacketOut, QpErrRequest, QpEvent)
 from .lib.mem_array import MemArray
 from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS

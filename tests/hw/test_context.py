@@ -71,9 +71,9 @@ def test_registers_and_tables():
         assert ctx.get(dut.icm_qp_base) == 0x50_0000
         assert await command(ctx, bus, Cmd.MAP_ICM, IcmTable.QP, 0x60_0000) == CmdStatus.BAD_STATE
         await written_into_cache(ctx, bus, dut.qp_wr, Cmd.SET_QP, 2, qp)
-        ctx.set(dut.qp_req.index, 2)
+        ctx.set(dut.qp_resp.index, 2)
         ctx.set(dut.qp_resp.index, 1)
-        assert ctx.get(dut.qp_req.data).state == QpState.RESET
+        assert ctx.get(dut.qp_resp.data).state == QpState.RESET
         assert ctx.get(dut.qp_resp.data).state == QpState.RESET
         # Bad values are refused and change nothing.
         assert await command(ctx, bus, Cmd.SET_QP, 4, qp) == CmdStatus.BAD_INDEX
@@ -132,8 +132,8 @@ def test_registers_and_tables():
         other = layout_int(QP_CTX, sq_base=0x9000, pd=3, send_cq=1, recv_cq=1)
         assert await command(ctx, bus, Cmd.SET_QP, 2, other) == CmdStatus.BAD_STATE
         assert ctx.get(dut.qp_wr.valid) == 0
-        ctx.set(dut.qp_req.index, 2)
-        assert ctx.get(dut.qp_req.data).state == QpState.INIT
+        ctx.set(dut.qp_resp.index, 2)
+        assert ctx.get(dut.qp_resp.data).state == QpState.INIT
         # Once reset, the same SET_QP is accepted: the new context goes to the cache.
         assert await command(ctx, bus, Cmd.MODIFY_QP, 2, QpState.RESET.value) == CmdStatus.OK
         await written_into_cache(ctx, bus, dut.qp_wr, Cmd.SET_QP, 2, other)
@@ -232,8 +232,8 @@ def observed_transitions(dut):
                 assert status == CmdStatus.OK, f"path to {cur}: {step} refused ({status})"
             status, (ev_valid, ev) = await modify(QpState[new].value,
                                                   (0x123456 << 64) | (0xABCDEF << 88))
-            ctx.set(dut.qp_req.index, 1)
-            state = ctx.get(dut.qp_req.data).state
+            ctx.set(dut.qp_resp.index, 1)
+            state = ctx.get(dut.qp_resp.data).state
             if status == CmdStatus.OK:
                 accepted.add((cur, new))
                 assert state == QpState[new], (cur, new)
@@ -248,7 +248,7 @@ def observed_transitions(dut):
         for value in (4, 5, 7):
             status, (ev_valid, _) = await modify(value)
             assert status == CmdStatus.BAD_VALUE and not ev_valid, value
-        assert ctx.get(dut.qp_req.data).state == QpState[MODEL_STATES[-1]]
+        assert ctx.get(dut.qp_resp.data).state == QpState[MODEL_STATES[-1]]
 
     run(dut, tb)
     return accepted
@@ -301,8 +301,8 @@ def test_events_and_error_requests():
         ctx.set(dut.err_resp.valid, 0)
         assert ctx.get(dut.qp_event.valid)
         assert ctx.get(dut.qp_event.payload.state) == QpState.ERR
-        ctx.set(dut.qp_req.index, 3)
-        assert ctx.get(dut.qp_req.data).state == QpState.ERR
+        ctx.set(dut.qp_resp.index, 3)
+        assert ctx.get(dut.qp_resp.data).state == QpState.ERR
         # A second request for the same QP is accepted without a second event.
         ctx.set(dut.err_req.valid, 1)
         ctx.set(dut.err_req.payload.qpn, 3)
