@@ -23,13 +23,21 @@ window (default 200,000 cycles; raw runs 5x as long).
 
 Issue 8 adds, with the RTL host: ``peak_read_mops`` / ``peak_write_mops``, the 8-byte
 READ / WRITE rate with every QP pair the preset holds (at most 64, QPNs 0 and 1 reserved, all QPs of a node sharing
-one MR) keeping 16 requests in flight; and ``qps_<n>_cycles_per_s`` for n = 64, 1,024 and
+one MR), 64 work requests per QP posted at once (and ``closed_loop_<op>_mops``: 16 in
+flight per QP); and ``qps_<n>_cycles_per_s`` for n = 64, 1,024 and
 4,096: the standard 8-byte load on the system built with ``n_qps = n`` (``QPS=64,1024,4096``
 chooses the sizes; by default only the preset's own, as every other size is a build of its
 own: at 4,096 QPs about half an hour here; a size not measured is
 None in the summary, with the reason in ``qps_not_measured``). ``ONLY=qps`` runs the
 scaling measurement alone (into ``results/bench/qps_summary.json``, no row in
-docs/performance.md).
+docs/performance.md). ``ONLY=peak`` runs the peaks alone, on builds with ``n_pus`` = each of
+``PUS=1,4`` (the requester's processing units; by default the preset's), into
+``results/bench/peak_summary.json``.
+
+The peak (``peak_<op>_mops``) is the NIC's processing rate with the host CPU out of the way
+(sim/tb_bench.py ``burst``: work requests written before the clock starts, then the
+doorbells); ``closed_loop_<op>_mops`` keeps 16 in flight per QP with the Python-driven CPU
+posting each new one, which bounds it too.
 """
 
 import datetime
@@ -112,21 +120,53 @@ def measure(name, cycles, qps=(64,)):
     return s
 
 
-def _peaks(s, info, cfg, cycles, tmp):
-    """The 8-byte READ and WRITE peaks: every QP pair the node can hold (at most 64; QPNs
-    0 and 1 are reserved) keeps
-    ``max_rd_atomic`` (16) requests in flight, all QPs of a node sharing one MR."""
+def _peaks(s, info, cfg, cycles, tmp, prefix=""):
+    """The 8-byte READ and WRITE peaks, every QP pair the node can hold (at most 64; QPNs 0
+    and 1 are reserved), all QPs of a node sharing one MR:
+
+    * ``peak_<op>_mops``: the NIC's processing rate (sim/tb_bench.py ``burst``): 64 work
+      requests per QP written before the clock starts, every doorbell rung, the time to the
+      last completion; three rounds, the first (caches cold) not counted;
+    * ``closed_loop_<op>_mops``: ``max_rd_atomic`` (16) in flight per QP, the Python-driven
+      CPU posting a new one as each completes (sim/tb_bench.py ``loaded``): bounded by that
+      host's posting rate as much as by the NIC.
+    """
     # QPNs 0 and 1 are reserved (the special QP0 and QP1 of InfiniBand; sim/verbs.py)
     pairs = min(64, cfg.nic.n_qps - FIRST_QPN, cfg.nic.n_cqs)
     window = 16
-    s["peak_pairs"], s["peak_window"] = pairs, window
+    s[f"{prefix}peak_pairs"], s[f"{prefix}peak_window"] = pairs, window
+    s[f"{prefix}n_pus"] = cfg.nic.n_pus
+    pus = {"BENCH_PUS": cfg.nic.n_pus}
     for op in ("read", "write"):
+        r = _tb(info, cfg, "burst", cycles, tmp, BENCH_SIZE=8, BENCH_OP=op, BENCH_PAIRS=pairs,
+                **pus)
+        s[f"{prefix}peak_{op}_mops"] = r["mops"]
+        s[f"{prefix}peak_{op}_cycles_per_s"] = r["cycles_per_s"]
+        s[f"{prefix}peak_{op}_counters"] = r["counters"]
+        c = r["counters"]["a"]
+        print(f"peak, 8-byte {op.upper()}s, {pairs} QP pairs x {r['burst']} posted, "
+              f"{cfg.nic.n_pus} processing unit(s): {r['mops']:.2f} Mops "
+              f"({r['ops'] / r['cycles']:.3f} per cycle; WQE cache misses "
+              f"{c['WQE_CACHE_MISSES']}, WQE fetches {c['WQE_FETCHES']} for {r['ops']} WRs)")
         r = _tb(info, cfg, "loaded", cycles, tmp, BENCH_SIZE=8, BENCH_OP=op, BENCH_SHARED=1,
-                BENCH_PAIRS=pairs, BENCH_WINDOW=window)
-        s[f"peak_{op}_mops"] = r["mops"]
-        s[f"peak_{op}_cycles_per_s"] = r["cycles_per_s"]
-        print(f"peak, 8-byte {op.upper()}s, {pairs} QP pairs x {window} outstanding: "
-              f"{r['mops']:.2f} Mops ({r['cycles_per_s']:,.0f} cycles/s)")
+                BENCH_PAIRS=pairs, BENCH_WINDOW=window, **pus)
+        s[f"{prefix}closed_loop_{op}_mops"] = r["mops"]
+        print(f"closed loop, 8-byte {op.upper()}s, {pairs} QP pairs x {window} in flight, "
+              f"posted by the Python-driven CPU: {r['mops']:.2f} Mops")
+
+
+def _peaks_by_pus(name, pus, cycles):
+    """``ONLY=peak``: the peaks on builds of the preset with ``n_pus`` = each of ``pus``."""
+    s = {"preset": name, "commit": git_commit(), "date": str(datetime.date.today()),
+         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "cycles": cycles,
+         "by_pus": {}}
+    for n in pus:
+        cfg = preset(name).replace(host__kind="rtl", nic__n_pus=n)
+        r = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            _peaks(r, build_system(cfg, fast=True), cfg, cycles, tmp)
+        s["by_pus"][n] = r
+    return s
 
 
 def _qps(s, base, qps, cycles):
@@ -179,8 +219,19 @@ def main(argv):
     for q in qps:
         if q not in (64, 1024, 4096):
             raise ValueError(f"QPS must list values of 64, 1024, 4096, not {q}")
-    if kv.get("ONLY") not in (None, "qps"):
-        raise ValueError(f"ONLY must be 'qps' (the scaling measurement alone), not {kv['ONLY']!r}")
+    if kv.get("ONLY") not in (None, "qps", "peak"):
+        raise ValueError(f"ONLY must be 'qps' (the scaling measurement alone) or 'peak' (the "
+                         f"peaks alone), not {kv['ONLY']!r}")
+    if kv.get("ONLY") == "peak":
+        pus = tuple(int(p) for p in kv.get("PUS", str(preset(name).nic.n_pus)).split(","))
+        for p in pus:
+            if p not in (1, 2, 4, 8):
+                raise ValueError(f"PUS must list values of 1, 2, 4, 8, not {p}")
+        s = _peaks_by_pus(name, pus, cycles)
+        out = results_dir("bench")
+        (out / "peak_summary.json").write_text(json.dumps(s, indent=2) + "\n")
+        print(f"written {out / 'peak_summary.json'}")
+        return 0
     if kv.get("ONLY") == "qps":
         s = {"preset": name, "commit": git_commit(), "date": str(datetime.date.today()),
              "machine": f"{platform.machine()}, {os.cpu_count()} cores", "cycles": cycles}

@@ -11,6 +11,13 @@ completes), Python acting once per work request and once per completion (with th
 completions awaited on the CQE event line, host memory not mirrored). Each test writes
 ``$RESULTS_FILE.<test>.json``. BENCH_OP: ``mix`` (half READs, half WRITEs, the default),
 ``read`` or ``write`` (one kind only: the peak runs).
+``burst``: the NIC's processing rate without the host CPU in the way (the peak): each of
+BENCH_PAIRS QP pairs has BENCH_BURST work requests written into its send queue before the
+clock starts; then every QP's doorbell is rung (one 8-byte doorbell each) and the time until
+the last completion is measured; BENCH_ROUNDS rounds. The closed loop of ``loaded`` is
+bounded by the host model instead: the Python-driven CPU posts through one CPU port and one
+MMIO port (a WQE write, a BlueFlame write and a CQ doorbell per work request, each a
+mailbox transfer of at least a cycle), so its rate says how fast that host posts.
 """
 
 import json
@@ -30,6 +37,8 @@ CFG = preset(os.environ.get("RNIC_PRESET", "connectx6")).replace(
     host__kind=os.environ.get("RNIC_HOST", "python"))
 if os.environ.get("BENCH_N_QPS"):       # the build's n_qps, if not the preset's
     CFG = CFG.replace(nic__n_qps=int(os.environ["BENCH_N_QPS"]))
+if os.environ.get("BENCH_PUS"):         # the build's processing units, if not the preset's
+    CFG = CFG.replace(nic__n_pus=int(os.environ["BENCH_PUS"]))
 CYCLES = int(os.environ.get("BENCH_CYCLES", "200000"))
 PAIRS = int(os.environ.get("BENCH_PAIRS", "4"))
 WINDOW = int(os.environ.get("BENCH_WINDOW", "8"))
@@ -105,5 +114,65 @@ async def loaded(dut):
     wall = time.perf_counter() - t0
     sim_ns = now_ns() - c0
     cycles = int(sim_ns / period_ns)
+    # the NICs' counters after the run (read over MMIO once the measurement is over): what
+    # limited the rate (cache misses, retransmissions, back-pressure) can be read from them
+    counters = {"a": await sysm.a.read_counters(), "b": await sysm.b.read_counters()}
     _save("loaded", cycles, wall, {"size": SIZE, "ops": done, "mops": done / sim_ns * 1e3,
-                                   "gbps": moved * 8 / sim_ns})
+                                   "gbps": moved * 8 / sim_ns, "counters": counters})
+
+
+BURST = int(os.environ.get("BENCH_BURST", "64"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+
+
+@cocotb.test(timeout_time=int(ROUNDS * BURST * PAIRS * 100 * 1000 / CFG.nic.clock_mhz)
+             + 2_000_000, timeout_unit="ns")
+async def burst(dut):
+    sysm = await TwoNodes.start(dut, CFG, mirror=False)
+    pairs = []
+    for _ in range(PAIRS):
+        share = pairs[0] if pairs else None
+        pairs.append(await sysm.pair(buf_bytes=BUF, sq_depth=BURST, share=share,
+                                     cq_depth=BURST, rq_depth=16))
+    rng = random.Random(1)
+    read = OP == "read"
+    op = WrOpcode.RDMA_READ if read else WrOpcode.RDMA_WRITE
+    done, sim_ns, wall, first = 0, 0.0, 0.0, 0
+    c0 = None
+    for r in range(ROUNDS):
+        for a, b in pairs:           # written before the clock starts; nothing rung yet
+            wrs = []
+            for i in range(BURST):
+                off = rng.randrange(0, BUF - SIZE + 1) & ~7
+                wrs.append(SendWR(r * BURST + i, op, (a["buf"] + off, SIZE, a["mr"].lkey),
+                                  b["buf"] + off, b["mr"].rkey))
+            await a["qp"].post_send(wrs, ring=False)
+        if r == 1:
+            c0 = {"a": await sysm.a.read_counters(), "b": await sysm.b.read_counters()}
+
+        async def drain(a):
+            wcs = await sysm.a.wait_completions(a["cq"], BURST, None)
+            assert all(w.status == WcStatus.SUCCESS for w in wcs), wcs
+            return len(wcs)
+
+        t = now_ns()
+        w = time.perf_counter()
+        tasks = [cocotb.start_soon(drain(a)) for a, _ in pairs]
+        for a, _ in pairs:
+            await a["qp"].ring_sq()
+        n = 0
+        for task in tasks:
+            n += await task
+        if r == 0:
+            first = n                # the first round warms the caches: not counted
+            continue
+        done += n
+        sim_ns += now_ns() - t
+        wall += time.perf_counter() - w
+    period_ns = 1000.0 / CFG.nic.clock_mhz
+    c1 = {"a": await sysm.a.read_counters(), "b": await sysm.b.read_counters()}
+    counters = {k: {n: c1[k][n] - c0[k][n] for n in c1[k]} for k in c1}
+    _save("burst", int(sim_ns / period_ns), wall,
+          {"size": SIZE, "op": OP, "ops": done, "warmup_ops": first,
+           "mops": done / sim_ns * 1e3, "pairs": PAIRS, "burst": BURST, "rounds": ROUNDS,
+           "counters": counters})
