@@ -185,7 +185,7 @@ from .ctx.wqe_cache import WqeCache, WQE_INFO
 from .rnic.packet_emitter import PacketEmitter
 from .bf_buffer import BlueFlameBuffer, SQ_BF
 
-__all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH"]
+__all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH", "requester_ports"]
 
 #: WQEs read from the send queue by one DMA read (and processed back to back): the default
 #: of ``NicConfig.wqe_batch`` (the requester uses the configuration's value).
@@ -214,6 +214,47 @@ STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
          "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject",
          "stat_timeout", "stat_retransmit", "stat_rnr_rx", "stat_retry_exc", "stat_resp_drop",
          "stat_bf_hit"]
+#: every counter output and its largest value in one cycle (None: ``bf_entries``): the
+#: STATS, BlueFlame copies dropped, the WQE cache's hits, misses (a re-read) and evictions,
+#: and the WRs ended by a host-interface error (a WQE, a payload read, a write, a WQE read
+#: again)
+COUNTS = ([(s, 1) for s in STATS]
+          + [("stat_bf_miss", None), ("stat_wqe_hit", 1), ("stat_wqe_miss", 1),
+             ("stat_wqe_evict", 1), ("stat_dma_err", 4)])
+
+
+def requester_ports(cfg, qpn_bits, mr_bits, units=None):
+    """The ports of a requester; with ``units`` (a number) those of
+    :class:`~hw.rnic.requester_units.RequesterUnits`, whose context lookups are arrays of one
+    per unit and whose counter outputs are the units' sums."""
+    W = cfg.data_bytes
+
+    def lookup(width, shape):
+        port = Out(CtxLookup(width, shape))
+        return port if units is None else port.array(units)
+
+    ports = {
+        "db": In(DoorbellEvent()),
+        "qp_event": In(QpEvent()),
+        # the QP context (request / response): the send engine's (a flush) and the
+        # WQE-fetch issue's
+        "qpc_tx": lookup(qpn_bits, regmap.QP_CTX),
+        "qpc_fetch": lookup(qpn_bits, regmap.QP_CTX),
+        "mr": lookup(mr_bits, formats.MR_ENTRY),
+        "node_id": In(8),
+        "wqe_rd": Out(DmaReadPort(W)),
+        "pay_rd": Out(DmaReadPort(W)),
+        "reread_rd": Out(DmaReadPort(W)),
+        "dma_wr": Out(DmaWritePort(W)),
+        "tx": Out(PacketOut(W)),
+        "rx": In(PacketOut(W)),
+        "set_err": Out(QpErrRequest()),
+        "cqe": Out(CqeRequest()),
+        "bf": In(stream.Signature(SQ_BF, always_ready=True)),
+    }
+    for name, most in COUNTS:
+        ports[name] = Out(range((units or 1) * (cfg.bf_entries if most is None else most) + 1))
+    return ports
 
 
 def psn_le(a, b):
@@ -232,38 +273,9 @@ class Requester(wiring.Component):
             raise ValueError(f"fetch_depth must be an integer in [1, 16], not {fetch_depth!r}")
         self.cfg = cfg
         self.fetch_depth = fetch_depth
-        W = cfg.data_bytes
         self.qpn_bits = ceil_log2(cfg.n_qps)
         self.mr_bits = ceil_log2(cfg.n_mrs)
-        ports = {
-            "db": In(DoorbellEvent()),
-            "qp_event": In(QpEvent()),
-            # the QP context (request / response): the send engine's (a flush) and the
-            # WQE-fetch issue's
-            "qpc_tx": Out(CtxLookup(max(1, self.qpn_bits), regmap.QP_CTX)),
-            "qpc_fetch": Out(CtxLookup(max(1, self.qpn_bits), regmap.QP_CTX)),
-            "mr": Out(CtxLookup(max(1, self.mr_bits), formats.MR_ENTRY)),
-            "node_id": In(8),
-            "wqe_rd": Out(DmaReadPort(W)),
-            "pay_rd": Out(DmaReadPort(W)),
-            "reread_rd": Out(DmaReadPort(W)),
-            "dma_wr": Out(DmaWritePort(W)),
-            "tx": Out(PacketOut(W)),
-            "rx": In(PacketOut(W)),
-            "set_err": Out(QpErrRequest()),
-            "cqe": Out(CqeRequest()),
-            "bf": In(stream.Signature(SQ_BF, always_ready=True)),
-        }
-        for s in STATS:
-            ports[s] = Out(1)
-        ports["stat_bf_miss"] = Out(range(cfg.bf_entries + 1))
-        # the WQE cache: lookups that hit, that missed (a re-read), evictions
-        ports["stat_wqe_hit"] = Out(1)
-        ports["stat_wqe_miss"] = Out(1)
-        ports["stat_wqe_evict"] = Out(1)
-        # WRs ended by a host-interface error this cycle: a WQE, a payload read, a write,
-        # a WQE read again for the WQE cache
-        ports["stat_dma_err"] = Out(range(5))
+        ports = requester_ports(cfg, max(1, self.qpn_bits), max(1, self.mr_bits))
         super().__init__(ports)
 
     def elaborate(self, platform):

@@ -39,25 +39,16 @@ Ports: those of :class:`~hw.requester.Requester` with node-wide QPNs, except tha
 from dataclasses import replace
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, stream, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib import data, wiring
 from amaranth.utils import ceil_log2, exact_log2
 
-from .. import formats, regmap
 from ..arbiter import PacketArbiter, StreamArbiter
-from ..bf_buffer import SQ_BF
 from ..config import NicConfig
-from ..interfaces import (CQE_REQUEST, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
-                          DoorbellEvent, PacketOut, QpErrRequest, QpEvent)
+from ..interfaces import CQE_REQUEST
 from ..lib.dma_merge import DmaReadMerge, DmaWriteMerge
-from ..requester import STATS, Requester
+from ..requester import COUNTS, Requester, requester_ports
 
 __all__ = ["RequesterUnits", "unit_config"]
-
-# the counter outputs: (name, largest increment of one unit)
-_COUNTS = [(s, 1) for s in STATS] + [("stat_wqe_hit", 1), ("stat_wqe_miss", 1),
-                                      ("stat_wqe_evict", 1), ("stat_dma_err", 4)]
-
 
 def unit_config(cfg):
     """The configuration one processing unit is built with: its share of the QPs and of the
@@ -74,29 +65,8 @@ class RequesterUnits(wiring.Component):
         self.n = n = cfg.n_pus
         self.shift = exact_log2(n)
         self.ucfg = unit_config(cfg)
-        W = cfg.data_bytes
-        qpn_bits = max(1, ceil_log2(cfg.n_qps))
-        mr_bits = max(1, ceil_log2(cfg.n_mrs))
-        ports = {
-            "db": In(DoorbellEvent()),
-            "qp_event": In(QpEvent()),
-            "qpc_tx": Out(CtxLookup(qpn_bits, regmap.QP_CTX)).array(n),
-            "qpc_fetch": Out(CtxLookup(qpn_bits, regmap.QP_CTX)).array(n),
-            "mr": Out(CtxLookup(mr_bits, formats.MR_ENTRY)).array(n),
-            "node_id": In(8),
-            "wqe_rd": Out(DmaReadPort(W)),
-            "pay_rd": Out(DmaReadPort(W)),
-            "reread_rd": Out(DmaReadPort(W)),
-            "dma_wr": Out(DmaWritePort(W)),
-            "tx": Out(PacketOut(W)),
-            "rx": In(PacketOut(W)),
-            "set_err": Out(QpErrRequest()),
-            "cqe": Out(CqeRequest()),
-            "bf": In(stream.Signature(SQ_BF, always_ready=True)),
-            "stat_bf_miss": Out(range(n * cfg.bf_entries + 1)),
-        }
-        for name, most in _COUNTS:
-            ports[name] = Out(range(n * most + 1))
+        ports = requester_ports(cfg, max(1, ceil_log2(cfg.n_qps)),
+                                max(1, ceil_log2(cfg.n_mrs)), units=n)
         super().__init__(ports)
 
     def _glob(self, local, k):
@@ -180,7 +150,7 @@ class RequesterUnits(wiring.Component):
         wiring.connect(m, wr_merge.o, wiring.flipped(self.dma_wr))
 
         # counters: the units' increments added up
-        for name, _ in _COUNTS + [("stat_bf_miss", 0)]:
+        for name, _ in COUNTS:
             m.d.comb += getattr(self, name).eq(sum(getattr(u, name) for u in units))
         return m
 
@@ -193,7 +163,7 @@ class RequesterUnits(wiring.Component):
         for name in ("qpc_tx", "qpc_fetch", "mr"):
             wiring.connect(m, getattr(u, name), wiring.flipped(getattr(self, name)[0]))
         m.d.comb += u.node_id.eq(self.node_id)
-        for name, _ in _COUNTS + [("stat_bf_miss", 0)]:
+        for name, _ in COUNTS:
             m.d.comb += getattr(self, name).eq(getattr(u, name))
 
     def _route_rx(self, m, units):
