@@ -33,6 +33,7 @@ Ports
     event      Out(AsyncEventStream())     CQ_ERR events
     cq_err     Out(n_cqs)                  error state of each CQ
     stat_cqe, stat_overflow  Out(1)        one-cycle pulses per written / dropped CQE
+    stat_busy                Out(1)        high while the state machine is not idle
 """
 
 from amaranth import *
@@ -71,6 +72,7 @@ class Completion(wiring.Component):
             "cq_err": Out(cfg.n_cqs),
             "stat_cqe": Out(1),
             "stat_overflow": Out(1),
+            "stat_busy": Out(1),
         })
 
     def elaborate(self, platform):
@@ -119,7 +121,7 @@ class Completion(wiring.Component):
         set_bad_wr = Signal(n)         # a CQE write failed
         set_told = Signal(n)
 
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 take1 = Signal()
                 m.d.comb += take1.eq(self.i1.valid & (prio | ~self.i0.valid))
@@ -212,4 +214,5 @@ class Completion(wiring.Component):
         m.d.sync += [bad.eq((bad | set_bad | set_bad_wr) & ~clear),
                      told.eq((told | set_told) & ~clear)]
         m.d.comb += pi.read_addrs() + ci.read_addrs()
+        m.d.comb += self.stat_busy.eq(~fsm.ongoing("IDLE"))
         return m

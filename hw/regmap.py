@@ -220,6 +220,18 @@ class Counter(enum.IntEnum):
     QP_CACHE_MISSES = 87      # fetch issue and flushes, responder) and SET_QP writes that
     QP_CACHE_EVICTIONS = 88   # hit, missed; evictions, write-backs of dirty entries
     QP_CACHE_WRITEBACKS = 89
+    # occupancy: cycles a serial engine was not idle (processing, or waiting for a lookup,
+    # a DMA or room downstream); with n_pus units the requester's are the units' sum. The
+    # engine whose count nears the measured cycles is the bound (docs/performance.md)
+    BUSY_REQ_SEND = 90        # requester send engine (hw/requester.py FSM "send")
+    BUSY_REQ_RESP = 91        # requester response engine (FSM "resp")
+    BUSY_RSP = 92             # responder (hw/responder.py FSM "rsp")
+    BUSY_CQE = 93             # completion engine (hw/completion.py)
+    BUSY_QP_CACHE = 94        # the context caches' state machines (hw/lib/cache.py)
+    BUSY_MR_CACHE = 95
+    BUSY_CQ_CACHE = 96
+    TX_BEATS = 97             # cycles a data beat left / entered the node on the link port
+    RX_BEATS = 98
 
 
 def register_map(n_doorbells):

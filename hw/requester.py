@@ -217,10 +217,11 @@ STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
 #: every counter output and its largest value in one cycle (None: ``bf_entries``): the
 #: STATS, BlueFlame copies dropped, the WQE cache's hits, misses (a re-read) and evictions,
 #: and the WRs ended by a host-interface error (a WQE, a payload read, a write, a WQE read
-#: again)
+#: again), and the occupancy of the send and response engines (high while not idle)
 COUNTS = ([(s, 1) for s in STATS]
           + [("stat_bf_miss", None), ("stat_wqe_hit", 1), ("stat_wqe_miss", 1),
-             ("stat_wqe_evict", 1), ("stat_dma_err", 4)])
+             ("stat_wqe_evict", 1), ("stat_dma_err", 4), ("stat_busy_send", 1),
+             ("stat_busy_resp", 1)])
 
 
 def requester_ports(cfg, qpn_bits, mr_bits, units=None):
@@ -1030,7 +1031,7 @@ class Requester(wiring.Component):
         m.d.comb += need_info.eq(rnonempty & (rent.status == 0) & ~rent.noinfo
                                  & (rent.signaled | (rent.opcode >= WrOpcode.RDMA_READ.value)))
 
-        with m.FSM(name="send"):
+        with m.FSM(name="send") as send_fsm:
             with m.State("IDLE"):
                 db_q = self.db.payload.qpn[:self.qpn_bits]
                 m.d.sync += flushing.eq(0)
@@ -1381,7 +1382,7 @@ class Requester(wiring.Component):
 
         # ---------------- response FSM: never waits on tx or on the send FSM
         rx_flush = flush_cond(self.rx.meta.payload.dest_qpn[:self.qpn_bits], "rx")
-        with m.FSM(name="resp"):
+        with m.FSM(name="resp") as resp_fsm:
             with m.State("R_IDLE"):
                 m.d.comb += self.rx.meta.ready.eq(~perr_v)
                 m.d.sync += rinfo_ok.eq(0)
@@ -1674,4 +1675,6 @@ class Requester(wiring.Component):
         # the per-QP memories' read ports, at the indices read above
         for r in mems:
             m.d.comb += r.read_addrs()
+        m.d.comb += [self.stat_busy_send.eq(~send_fsm.ongoing("IDLE")),
+                     self.stat_busy_resp.eq(~resp_fsm.ongoing("R_IDLE"))]
         return m

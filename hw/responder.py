@@ -166,7 +166,9 @@ WRITE FIRST / ONLY, READ or atomic, and WQE_MR_REQ / WQE_MR_RESP for a receive W
 ``Out(DmaWritePort(W))``, ``cqe``: ``Out(CqeRequest())``,
 ``stat_nak``: ``Out(1)`` (a NAK leaves on ``tx``), ``stat_drop``: ``Out(1)``,
 ``stat_resp_full``: ``Out(1)`` (a response waits for room in the response queue this cycle),
-``stat_dma_err``: ``Out(range(4))`` (host-interface errors turned into NAKs this cycle).
+``stat_dma_err``: ``Out(range(4))`` (host-interface errors turned into NAKs this cycle),
+``stat_busy``: ``Out(1)`` (the state machine is not in IDLE: its occupancy; one request
+packet at a time, so busy cycles near the elapsed cycles make the responder the bound).
 
 Parameter ``read_buffers`` (power of two in [2, 16], default ``cfg.read_buffers``): size of
 the READ payload ring in MTUs. The replay cache holds ``cfg.replay_slots`` results per QP.
@@ -272,6 +274,7 @@ class Responder(wiring.Component):
             "stat_replay": Out(1),
             "stat_coalesce": Out(1),
             "stat_dma_err": Out(range(4)),
+            "stat_busy": Out(1),
             "stat_rq_prefetch": Out(1),
             "stat_rq_demand": Out(1),
             "stat_rq_wait": Out(1),
@@ -967,4 +970,5 @@ class Responder(wiring.Component):
             ]
         m.d.comb += [rqpf.reset.eq(ev_reset), rqpf.reset_qpn.eq(ev.qpn[:qb]),
                      rqpf.reset_new.eq(ev.new), rqpf.reset_base.eq(ev.rq_base), rqpf.reset_log.eq(ev.rq_log)]
+        m.d.comb += self.stat_busy.eq(~fsm.ongoing("IDLE"))
         return m

@@ -120,6 +120,24 @@ def measure(name, cycles, qps=(64,)):
     return s
 
 
+#: the engines whose occupancy counters (hw/regmap.py ``BUSY_*``, ``TX_BEATS``, ``RX_BEATS``)
+#: locate a bound: each handles one item at a time, so the one near 1.0 limits the rate
+OCCUPANCY = {"req_send": "BUSY_REQ_SEND", "req_resp": "BUSY_REQ_RESP", "responder": "BUSY_RSP",
+             "completion": "BUSY_CQE", "qp_cache": "BUSY_QP_CACHE", "mr_cache": "BUSY_MR_CACHE",
+             "cq_cache": "BUSY_CQ_CACHE", "tx_link": "TX_BEATS", "rx_link": "RX_BEATS"}
+
+
+def occupancy(counters, cycles, n_pus=1):
+    """Per node, each engine's busy cycles over ``cycles`` (the requester's engines over
+    ``cycles * n_pus``: the units' sum). The counters span the measured rounds and the few
+    register reads around them, so a share may exceed the rounds' time slightly."""
+    out = {}
+    for node, c in counters.items():
+        out[node] = {e: round(c[name] / (cycles * (n_pus if e.startswith("req_") else 1)), 3)
+                     for e, name in OCCUPANCY.items()}
+    return out
+
+
 def _peaks(s, info, cfg, cycles, tmp, prefix=""):
     """The 8-byte READ and WRITE peaks, every QP pair the node can hold (at most 64; QPNs 0
     and 1 are reserved), all QPs of a node sharing one MR:
@@ -148,6 +166,11 @@ def _peaks(s, info, cfg, cycles, tmp, prefix=""):
               f"{cfg.nic.n_pus} processing unit(s): {r['mops']:.2f} Mops "
               f"({r['ops'] / r['cycles']:.3f} per cycle; WQE cache misses "
               f"{c['WQE_CACHE_MISSES']}, WQE fetches {c['WQE_FETCHES']} for {r['ops']} WRs)")
+        occ = occupancy(r["counters"], r["cycles"], cfg.nic.n_pus)
+        s[f"{prefix}peak_{op}_occupancy"] = occ
+        top = sorted(((v, f"{k}.{e}") for k, d in occ.items() for e, v in d.items()), reverse=True)
+        print("  occupancy (busy cycles / measured cycles), highest first: "
+              + ", ".join(f"{name} {v:.2f}" for v, name in top[:6]))
         r = _tb(info, cfg, "loaded", cycles, tmp, BENCH_SIZE=8, BENCH_OP=op, BENCH_SHARED=1,
                 BENCH_PAIRS=pairs, BENCH_WINDOW=window, **pus)
         s[f"{prefix}closed_loop_{op}_mops"] = r["mops"]

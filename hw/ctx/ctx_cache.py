@@ -23,7 +23,8 @@ cycles from request to response (docs/caches.md).
 Ports: ``base: In(64)`` (the ICM address of the table), ``lk: In(CtxLookup(slot_bits,
 layout)).array(n_lookups)``, ``wr: In(stream of {slot, entry})``, ``dma_rd:
 Out(DmaReadPort)``, ``dma_wr: Out(DmaWritePort)``, and one-cycle counter increments
-``stat_hit``, ``stat_miss``, ``stat_evict``, ``stat_writeback``.
+``stat_hit``, ``stat_miss``, ``stat_evict``, ``stat_writeback``; ``stat_busy``, high while
+the cache's state machine is not idle (its occupancy).
 """
 
 from amaranth.hdl import Module, Signal
@@ -72,6 +73,7 @@ class ContextCache(wiring.Component):
             "dma_rd": Out(DmaReadPort(W)),
             "dma_wr": Out(DmaWritePort(W)),
             **{name: Out(1) for name, _ in _STATS},
+            "stat_busy": Out(1),
         })
 
     def elaborate(self, platform):
@@ -79,7 +81,7 @@ class ContextCache(wiring.Component):
         nl = self.n_lookups
         m.submodules.cache = cache = self.cache
         m.submodules.arb = arb = StreamArbiter(cache.req_layout, nl + 1)
-        m.d.comb += cache.base.eq(self.base)
+        m.d.comb += [cache.base.eq(self.base), self.stat_busy.eq(cache.stat_busy)]
         wiring.connect(m, arb.o, cache.req)
         wiring.connect(m, cache.dma_rd, wiring.flipped(self.dma_rd))
         wiring.connect(m, cache.dma_wr, wiring.flipped(self.dma_wr))

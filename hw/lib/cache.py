@@ -63,7 +63,9 @@ Ports: ``base: In(64)``; ``req: In(stream of {op, key, id, data})``; ``resp: Out
 {op, id, hit, err, data})``; ``dma_rd: Out(DmaReadPort(data_bytes))``; ``dma_wr:
 Out(DmaWritePort(data_bytes))``; counters ``hits``, ``misses``, ``evictions``,
 ``writebacks``, ``stalls``, ``fill_errors``, ``wb_errors``, ``rd_bytes``, ``wr_bytes``
-(``Out(32)`` each).
+(``Out(32)`` each); ``stat_busy: Out(1)``, high in every cycle the state machine is not idle
+(its occupancy: one request at a time, so a cache whose busy cycles near the elapsed
+cycles is a bound).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
@@ -134,6 +136,7 @@ class SetAssocCache(wiring.Component):
             "dma_rd": Out(DmaReadPort(data_bytes)),
             "dma_wr": Out(DmaWritePort(data_bytes)),
             **{name: Out(32) for name in COUNTERS},
+            "stat_busy": Out(1),
         })
 
     # -- replacement state ----------------------------------------------------------------
@@ -391,7 +394,7 @@ class SetAssocCache(wiring.Component):
 
         wb_load = Signal()                      # the line read this cycle goes to wb_buf
 
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(fill_full):
                     m.d.comb += key.eq(fill_key)
@@ -508,4 +511,5 @@ class SetAssocCache(wiring.Component):
         # The line read in LOOK (a dirty victim) arrives the cycle after: into the buffer.
         with m.If(wb_load):
             m.d.sync += [wb_buf.eq(line_rd.data), wb_send.eq(1), wb_load.eq(0)]
+        m.d.comb += self.stat_busy.eq(~fsm.ongoing("IDLE"))
         return m

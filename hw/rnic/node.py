@@ -235,6 +235,7 @@ class Rnic(wiring.Component):
 
         # Counters.
         tx_fire = self.tx.valid & self.tx.ready
+        rx_fire = self.rx.valid & self.rx.ready
         inc = {
             Counter.TX_PACKETS: tx_fire & self.tx.payload.last,
             Counter.TX_BYTES: Mux(tx_fire, self.tx.payload.nbytes, 0),
@@ -299,6 +300,15 @@ class Rnic(wiring.Component):
             Counter.RQ_WQE_PREFETCHES: resp.stat_rq_prefetch,
             Counter.RQ_WQE_DEMAND_READS: resp.stat_rq_demand,
             Counter.RQ_WQE_WAIT_CYCLES: resp.stat_rq_wait,
+            Counter.BUSY_REQ_SEND: req.stat_busy_send,
+            Counter.BUSY_REQ_RESP: req.stat_busy_resp,
+            Counter.BUSY_RSP: resp.stat_busy,
+            Counter.BUSY_CQE: comp.stat_busy,
+            Counter.BUSY_QP_CACHE: qp_cache.stat_busy,
+            Counter.BUSY_MR_CACHE: mr_cache.stat_busy,
+            Counter.BUSY_CQ_CACHE: cq_cache.stat_busy,
+            Counter.TX_BEATS: tx_fire,
+            Counter.RX_BEATS: rx_fire,
         }
         # per DMA client, and their totals: requests asked for and bytes
         rd_req = [p.req.valid & p.req.ready for p in rd_clients]

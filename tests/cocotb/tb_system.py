@@ -94,6 +94,16 @@ async def test_each_opcode(dut):
     assert b_counters["RD_RECV_WQE_REQS"] == rq_reads >= 3, b_counters
     assert b_counters["RD_RECV_WQE_BYTES"] == RECV_WQE_BYTES * rq_reads, b_counters
     assert b_counters["RQ_WQE_DEMAND_READS"] == 0, b_counters
+    # occupancy: every engine spends at least a cycle per item it handles; beats are
+    # counted on both ends of the (lossless) link
+    assert counters["BUSY_REQ_SEND"] >= 14 and counters["BUSY_CQE"] >= counters["CQES"], counters
+    assert counters["BUSY_REQ_RESP"] >= counters["RX_PACKETS"], counters
+    assert b_counters["BUSY_RSP"] >= b_counters["RX_PACKETS"], b_counters
+    for c in (counters, b_counters):
+        for cache in ("QP", "MR", "CQ"):
+            assert c[f"BUSY_{cache}_CACHE"] >= c[f"{cache}_CACHE_HITS"] + c[f"{cache}_CACHE_MISSES"], c
+        assert c["TX_PACKETS"] <= c["TX_BEATS"] <= c["TX_BYTES"], c
+    assert b_counters["RX_BEATS"] == counters["TX_BEATS"] and counters["RX_BEATS"] == b_counters["TX_BEATS"]
 
 
 async def _error_case(dut, make_wr, want_status, *, want_responder_err=False, post_recv=None,
