@@ -45,8 +45,9 @@ Structure
     * a memory of ``n_qps * max_outstanding`` entries holds each QP's in-order list of sent
       messages (:data:`TRACKER_ENTRY`);
     * the lkey of a WQE with a local buffer is looked up on ``mr`` (``CtxLookup``, request /
-      response: the MR cache of :mod:`hw.ctx.mr_cache`) in states MR_REQ / MR_RESP, between
-      taking the WQE and checking it; a lookup that fails (``err``) counts as an invalid key.
+      response: the MR cache of :mod:`hw.ctx.mr_cache`): asked for in FETCH_WAIT as the WQE
+      is taken (the WQE waits until the cache takes the request), awaited in MR_RESP before
+      checking it; a lookup that fails (``err``) counts as an invalid key.
 
 Parameters: ``cfg`` (:class:`~hw.config.NicConfig`), ``fetch_depth`` (WQE fetch DMA reads
 in flight, of different QPs, in [1, 16]; default ``cfg.fetch_depth``). The batch size,

@@ -22,9 +22,10 @@ build options) and a row per run to docs/performance.md. ``CYCLES=n`` sets the m
 window (default 200,000 cycles; raw runs 5x as long).
 
 Issue 8 adds, with the RTL host: ``peak_read_mops`` / ``peak_write_mops``, the 8-byte
-READ / WRITE rate with every QP pair the preset holds (at most 64, QPNs 0 and 1 reserved, all QPs of a node sharing
-one MR), 64 work requests per QP posted at once (and ``closed_loop_<op>_mops``: 16 in
-flight per QP); and ``qps_<n>_cycles_per_s`` for n = 64, 1,024 and
+READ / WRITE rate on 48 QP pairs (up to 768 READs outstanding, the point of SMART's peak;
+fewer pairs if the preset holds fewer; QPNs 0 and 1 reserved, all QPs of a node sharing one
+MR), 64 work requests per QP posted at once (and ``closed_loop_<op>_mops``: 16 in flight
+per QP; ``full_<op>_mops``: the burst on 64 pairs, 1,024 READs outstanding); and ``qps_<n>_cycles_per_s`` for n = 64, 1,024 and
 4,096: the standard 8-byte load on the system built with ``n_qps = n`` (``QPS=64,1024,4096``
 chooses the sizes; by default only the preset's own, as every other size is a build of its
 own: at 4,096 QPs about half an hour here; a size not measured is
@@ -127,6 +128,13 @@ OCCUPANCY = {"req_send": "BUSY_REQ_SEND", "req_resp": "BUSY_REQ_RESP", "responde
              "cq_cache": "BUSY_CQ_CACHE", "tx_link": "TX_BEATS", "rx_link": "RX_BEATS"}
 
 
+#: the peak's QP pairs: 48 x max_rd_atomic (16) = 768 READs outstanding at most, the point
+#: of SMART's peak (96 threads x depth 8, Fig. 4: 111 Mops); ``full_<op>_mops`` is measured
+#: with 64 pairs (1,024 outstanding: every entry of connectx6's WQE cache)
+PEAK_PAIRS = 48
+FULL_PAIRS = 64
+
+
 def occupancy(counters, cycles, n_pus=1):
     """Per node, each engine's busy cycles over ``cycles`` (the requester's engines over
     ``cycles * n_pus``: the units' sum). The counters span the measured rounds and the few
@@ -139,38 +147,47 @@ def occupancy(counters, cycles, n_pus=1):
 
 
 def _peaks(s, info, cfg, cycles, tmp, prefix=""):
-    """The 8-byte READ and WRITE peaks, every QP pair the node can hold (at most 64; QPNs 0
-    and 1 are reserved), all QPs of a node sharing one MR:
+    """The 8-byte READ and WRITE peaks on ``PEAK_PAIRS`` QP pairs (fewer if the node holds
+    fewer; QPNs 0 and 1 are reserved), all QPs of a node sharing one MR:
 
     * ``peak_<op>_mops``: the NIC's processing rate (sim/tb_bench.py ``burst``): 64 work
       requests per QP written before the clock starts, every doorbell rung, the time to the
       last completion; three rounds, the first (caches cold) not counted;
     * ``closed_loop_<op>_mops``: ``max_rd_atomic`` (16) in flight per QP, the Python-driven
       CPU posting a new one as each completes (sim/tb_bench.py ``loaded``): bounded by that
-      host's posting rate as much as by the NIC.
+      host's posting rate as much as by the NIC;
+    * ``full_<op>_mops``: the burst on ``FULL_PAIRS`` pairs (1,024 READs outstanding with
+      ``connectx6``, as many as its WQE cache holds).
     """
     # QPNs 0 and 1 are reserved (the special QP0 and QP1 of InfiniBand; sim/verbs.py)
-    pairs = min(64, cfg.nic.n_qps - FIRST_QPN, cfg.nic.n_cqs)
+    avail = min(cfg.nic.n_qps - FIRST_QPN, cfg.nic.n_cqs)
+    pairs, full = min(PEAK_PAIRS, avail), min(FULL_PAIRS, avail)
     window = 16
     s[f"{prefix}peak_pairs"], s[f"{prefix}peak_window"] = pairs, window
     s[f"{prefix}n_pus"] = cfg.nic.n_pus
     pus = {"BENCH_PUS": cfg.nic.n_pus}
     for op in ("read", "write"):
-        r = _tb(info, cfg, "burst", cycles, tmp, BENCH_SIZE=8, BENCH_OP=op, BENCH_PAIRS=pairs,
-                **pus)
-        s[f"{prefix}peak_{op}_mops"] = r["mops"]
-        s[f"{prefix}peak_{op}_cycles_per_s"] = r["cycles_per_s"]
-        s[f"{prefix}peak_{op}_counters"] = r["counters"]
-        c = r["counters"]["a"]
-        print(f"peak, 8-byte {op.upper()}s, {pairs} QP pairs x {r['burst']} posted, "
-              f"{cfg.nic.n_pus} processing unit(s): {r['mops']:.2f} Mops "
-              f"({r['ops'] / r['cycles']:.3f} per cycle; WQE cache misses "
-              f"{c['WQE_CACHE_MISSES']}, WQE fetches {c['WQE_FETCHES']} for {r['ops']} WRs)")
-        occ = occupancy(r["counters"], r["cycles"], cfg.nic.n_pus)
-        s[f"{prefix}peak_{op}_occupancy"] = occ
-        top = sorted(((v, f"{k}.{e}") for k, d in occ.items() for e, v in d.items()), reverse=True)
-        print("  occupancy (busy cycles / measured cycles), highest first: "
-              + ", ".join(f"{name} {v:.2f}" for v, name in top[:6]))
+        for n, key in ((pairs, f"peak_{op}"), (full, f"full_{op}")):
+            if key.startswith("full") and n == pairs:
+                continue
+            r = _tb(info, cfg, "burst", cycles, tmp, BENCH_SIZE=8, BENCH_OP=op, BENCH_PAIRS=n,
+                    **pus)
+            s[f"{prefix}{key}_mops"] = r["mops"]
+            s[f"{prefix}{key}_pairs"] = n
+            s[f"{prefix}{key}_cycles_per_s"] = r["cycles_per_s"]
+            s[f"{prefix}{key}_counters"] = r["counters"]
+            c = r["counters"]["a"]
+            print(f"{key.replace('_', ' ')}, 8-byte {op.upper()}s, {n} QP pairs x {r['burst']} "
+                  f"posted (up to {n * cfg.nic.max_rd_atomic} READs outstanding), "
+                  f"{cfg.nic.n_pus} processing unit(s): {r['mops']:.2f} Mops "
+                  f"({r['ops'] / r['cycles']:.3f} per cycle; WQE cache misses "
+                  f"{c['WQE_CACHE_MISSES']}, WQE fetches {c['WQE_FETCHES']} for {r['ops']} WRs)")
+            occ = occupancy(r["counters"], r["cycles"], cfg.nic.n_pus)
+            s[f"{prefix}{key}_occupancy"] = occ
+            top = sorted(((v, f"{k}.{e}") for k, d in occ.items() for e, v in d.items()),
+                         reverse=True)
+            print("  occupancy (busy cycles / measured cycles), highest first: "
+                  + ", ".join(f"{name} {v:.2f}" for v, name in top[:6]))
         r = _tb(info, cfg, "loaded", cycles, tmp, BENCH_SIZE=8, BENCH_OP=op, BENCH_SHARED=1,
                 BENCH_PAIRS=pairs, BENCH_WINDOW=window, **pus)
         s[f"{prefix}closed_loop_{op}_mops"] = r["mops"]
