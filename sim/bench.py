@@ -178,8 +178,9 @@ def _peaks(s, info, cfg, cycles, tmp, prefix=""):
             s[f"{prefix}{key}_counters"] = r["counters"]
             c = r["counters"]["a"]
             print(f"{key.replace('_', ' ')}, 8-byte {op.upper()}s, {n} QP pairs x {r['burst']} "
-                  f"posted (up to {n * cfg.nic.max_rd_atomic} READs outstanding), "
-                  f"{cfg.nic.n_pus} processing unit(s): {r['mops']:.2f} Mops "
+                  + (f"posted (up to {n * cfg.nic.max_rd_atomic} READs outstanding), "
+                     if op == "read" else "posted, ")
+                  + f"{cfg.nic.n_pus} processing unit(s): {r['mops']:.2f} Mops "
                   f"({r['ops'] / r['cycles']:.3f} per cycle; WQE cache misses "
                   f"{c['WQE_CACHE_MISSES']}, WQE fetches {c['WQE_FETCHES']} for {r['ops']} WRs)")
             occ = occupancy(r["counters"], r["cycles"], cfg.nic.n_pus)
