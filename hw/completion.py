@@ -101,7 +101,9 @@ class Completion(wiring.Component):
         beat = Signal(range(nbeats + 1))
 
         # the CQ's context, looked up in CQ_REQ / CQ_RESP (a failed read: ctx_err)
-        m.d.comb += self.cq.req.payload.index.eq(cur)
+        # (asked for in IDLE with the request's CQN as it is taken, else in CQ_REQ)
+        cq_idx = Signal(self.cqn_bits)
+        m.d.comb += [cq_idx.eq(cur), self.cq.req.payload.index.eq(cq_idx)]
         ctx = Signal(regmap.CQ_CTX)
         ctx_err = Signal()
         size = Signal(33)
@@ -127,16 +129,18 @@ class Completion(wiring.Component):
                 m.d.comb += take1.eq(self.i1.valid & (prio | ~self.i0.valid))
                 with m.If(ev_any):
                     m.next = "EVENT"
-                with m.Elif(take1):
-                    m.d.comb += self.i1.ready.eq(1)
-                    m.d.sync += [cur.eq(self.i1.payload.cqn), cqe.eq(self.i1.payload.cqe),
-                                 prio.eq(0)]
-                    m.next = "CQ_REQ"
-                with m.Elif(self.i0.valid):
-                    m.d.comb += self.i0.ready.eq(1)
-                    m.d.sync += [cur.eq(self.i0.payload.cqn), cqe.eq(self.i0.payload.cqe),
-                                 prio.eq(1)]
-                    m.next = "CQ_REQ"
+                for take, src, nprio in ((take1, self.i1, 0),
+                                         (~take1 & self.i0.valid, self.i0, 1)):
+                    with m.Elif(take):
+                        # the CQ's context is asked for at once (CQ_REQ if not taken now)
+                        m.d.comb += [src.ready.eq(1), self.cq.req.valid.eq(1),
+                                     cq_idx.eq(src.payload.cqn)]
+                        m.d.sync += [cur.eq(src.payload.cqn), cqe.eq(src.payload.cqe),
+                                     prio.eq(nprio)]
+                        with m.If(self.cq.req.ready):
+                            m.next = "CQ_RESP"
+                        with m.Else():
+                            m.next = "CQ_REQ"
             with m.State("EVENT"):
                 m.d.comb += [self.event.valid.eq(1),
                              self.event.payload.type.eq(AsyncEventType.CQ_ERR),

@@ -45,8 +45,9 @@ Structure
     * a memory of ``n_qps * max_outstanding`` entries holds each QP's in-order list of sent
       messages (:data:`TRACKER_ENTRY`);
     * the lkey of a WQE with a local buffer is looked up on ``mr`` (``CtxLookup``, request /
-      response: the MR cache of :mod:`hw.ctx.mr_cache`) in states MR_REQ / MR_RESP, between
-      taking the WQE and checking it; a lookup that fails (``err``) counts as an invalid key.
+      response: the MR cache of :mod:`hw.ctx.mr_cache`): asked for in FETCH_WAIT as the WQE
+      is taken (the WQE waits until the cache takes the request), awaited in MR_RESP before
+      checking it; a lookup that fails (``err``) counts as an invalid key.
 
 Parameters: ``cfg`` (:class:`~hw.config.NicConfig`), ``fetch_depth`` (WQE fetch DMA reads
 in flight, of different QPs, in [1, 16]; default ``cfg.fetch_depth``). The batch size,
@@ -446,7 +447,9 @@ class Requester(wiring.Component):
         fl_asked = Signal()          # FL_CTX: the lookup request was taken
         # the lkey's MR entry, looked up (request / response) between FETCH_WAIT and CHECK
         mr = Signal(formats.MR_ENTRY)
-        m.d.comb += self.mr.req.payload.index.eq(wqe.lkey[8:8 + self.mr_bits])
+        # the lkey's MR entry: asked for in FETCH_WAIT as the WQE arrives, else in MR_REQ
+        mr_lkey = Signal.like(wqe.lkey)
+        m.d.comb += [mr_lkey.eq(wqe.lkey), self.mr.req.payload.index.eq(mr_lkey[8:8 + self.mr_bits])]
 
         m.d.comb += trk_rd.addr.eq(Cat(head[cur][:mo_bits], cur))
         ent = trk_rd.data
@@ -1023,10 +1026,16 @@ class Requester(wiring.Component):
         # of rcur) ask for the head message's WQE fields (wr_id, local_addr, length)
         fl_lk = wqec.lk[1]
         m.d.comb += [fl_lk.req.payload.qpn.eq(cur), fl_lk.req.payload.index.eq(ent.index),
-                     fl_lk.req.payload.addr.eq(wqe_addr(cur, ent.index))]
+                     fl_lk.req.payload.addr.eq(wqe_addr(cur, ent.index)),
+                     fl_lk.req.payload.last.eq(1)]
         rx_lk = wqec.lk[0]
+        # the WQE's last use: the response completes the head message (the last packet of its
+        # READ response, its atomic acknowledge, an ACK covering it); the WQE cache frees it
         m.d.comb += [rx_lk.req.payload.qpn.eq(rcur), rx_lk.req.payload.index.eq(rent.index),
-                     rx_lk.req.payload.addr.eq(wqe_addr(rcur, rent.index))]
+                     rx_lk.req.payload.addr.eq(wqe_addr(rcur, rent.index)),
+                     rx_lk.req.payload.last.eq((rresp_at & rresp_end & at_last)
+                                               | (is_aack & aack_match)
+                                               | (head_ws & ack_covers & ~is_nak))]
         need_info = Signal()        # the response FSM needs them (else R_LOOK skips the lookup)
         m.d.comb += need_info.eq(rnonempty & (rent.status == 0) & ~rent.noinfo
                                  & (rent.signaled | (rent.opcode >= WrOpcode.RDMA_READ.value)))
@@ -1215,22 +1224,22 @@ class Requester(wiring.Component):
                     m.next = "FETCH_WAIT"
 
             with m.State("FETCH_WAIT"):
-                m.d.comb += [fetch.wqe.ready.eq(1)]
-                with m.If(fetch.wqe.valid):
+                fw = fetch.wqe.payload
+                # only a WQE with a local buffer to check needs its lkey's entry: asked for
+                # as the WQE is taken (the WQE waits until the MR cache takes the request)
+                need_mr = Signal()
+                m.d.comb += [need_mr.eq(~(flushing | fw.err | (fw.wqe.length == 0))),
+                             mr_lkey.eq(fw.wqe.lkey),
+                             self.mr.req.valid.eq(fetch.wqe.valid & need_mr),
+                             fetch.wqe.ready.eq(~need_mr | self.mr.req.ready)]
+                with m.If(fetch.wqe.valid & fetch.wqe.ready):
                     m.d.comb += self.stat_wqe_fetch.eq(1)
-                    fw = fetch.wqe.payload
                     m.d.sync += [wqe.eq(fw.wqe), wqe_err.eq(fw.err),
                                  batch_left.eq(batch_left - 1)]
-                    # only a WQE with a local buffer to check needs its lkey's entry
-                    with m.If(flushing | fw.err | (fw.wqe.length == 0)):
-                        m.next = "CHECK"
+                    with m.If(need_mr):
+                        m.next = "MR_RESP"
                     with m.Else():
-                        m.next = "MR_REQ"
-
-            with m.State("MR_REQ"):
-                m.d.comb += [self.mr.req.valid.eq(1)]
-                with m.If(self.mr.req.ready):
-                    m.next = "MR_RESP"
+                        m.next = "CHECK"
 
             with m.State("MR_RESP"):
                 m.d.comb += [self.mr.resp.ready.eq(1)]
@@ -1240,7 +1249,7 @@ class Requester(wiring.Component):
                                           self.mr.resp.payload.data))
                     m.next = "CHECK"
 
-            with m.State("NEXT"):
+            def next_wqe():
                 # next WQE of the batch if the QP may still issue, else drop the rest
                 with m.If(batch_left == 0):
                     m.next = "IDLE"
@@ -1248,6 +1257,9 @@ class Requester(wiring.Component):
                     m.next = "FETCH_WAIT"
                 with m.Else():
                     m.next = "DRAIN"
+
+            with m.State("NEXT"):
+                next_wqe()
 
             with m.State("DRAIN"):
                 m.d.comb += [fetch.wqe.ready.eq(1)]
@@ -1360,7 +1372,7 @@ class Requester(wiring.Component):
 
             with m.State("SEG_END"):
                 with m.If(pkt_last):
-                    m.next = "NEXT"
+                    next_wqe()          # (what NEXT does, a cycle earlier)
                 with m.Else():
                     m.d.sync += [
                         seg_left.eq(seg_left - cfg.mtu),

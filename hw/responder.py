@@ -159,8 +159,9 @@ Ports
 -----
 ``rx``: ``In(PacketOut(W))``, ``tx``: ``Out(PacketOut(W))``, ``node_id``: ``In(8)``,
 ``qp``: ``Out(Lookup(log2(n_qps), QP_LOOKUP))``, ``mr``: ``Out(CtxLookup(log2(n_mrs), MR_ENTRY))``
-(request / response: the MR cache, looked up in states MR_REQ / MR_RESP before CHECK for a
-WRITE FIRST / ONLY, READ or atomic, and WQE_MR_REQ / WQE_MR_RESP for a receive WQE's lkey),
+(request / response: the MR cache; for a WRITE FIRST / ONLY, READ or atomic the rkey's entry
+is asked for in IDLE together with the QP context (``qpc``) and both answers are awaited in
+LOAD; a receive WQE's lkey in WQE_MR_REQ / WQE_MR_RESP),
 ``qp_event``: ``In(QpEvent())``, ``rq_db``: ``In(DoorbellEvent())``, ``set_err``: ``Out(QpErrRequest())``,
 ``rd_data``, ``rd_wqe``, ``at_rd``: ``Out(DmaReadPort(W))``, ``wr``, ``at_wr``:
 ``Out(DmaWritePort(W))``, ``cqe``: ``Out(CqeRequest())``,
@@ -518,6 +519,11 @@ class Responder(wiring.Component):
         ev_reset = ev_ok & (ev.state != QpState.RTS) & (ev.state != QpState.ERR)
         kill_now = ev_reset & (ev.qpn[:qb] == qpn)
 
+        q_asked = Signal()       # IDLE: the QP-context request was taken
+        m_asked = Signal()       # IDLE: the MR request was taken
+        q_have = Signal()        # LOAD: the QP context is here
+        m_have = Signal()        # LOAD: the MR entry is here (or none was asked for)
+
         def mr_lookup(name, then, key=None, skip=None):
             """States ``<name>_REQ`` / ``<name>_RESP``: look ``key`` (default the packet's
             rkey) up in the MR cache, latch the entry in ``e`` (an entry that could not be
@@ -538,37 +544,76 @@ class Responder(wiring.Component):
                     m.d.sync += e.eq(Mux(self.mr.resp.payload.err, 0, self.mr.resp.payload.data))
                     m.next = then
 
+        # finishing sequence: discard, CQE, QP error, ACK/NAK, write-back
+        fin_stages = [("FIN_CQE", f_cqe), ("FIN_ERR", f_err), ("FIN_ACK", f_ack), ("FIN_WB", f_wb)]
+
+        def fin_next(first):
+            """Go to the first finishing stage from ``first`` on that has work, else IDLE."""
+            todo = fin_stages[first:]
+            with m.If(todo[0][1]):
+                m.next = todo[0][0]
+            for name, flag in todo[1:]:
+                with m.Elif(flag):
+                    m.next = name
+            with m.Else():
+                m.next = "IDLE"
+
+        def finish():
+            """Leave a state whose work is done and whose finishing flags were set in an
+            earlier cycle: drop what is left of the payload (FIN_DISCARD), or go straight to
+            the first finishing stage with work (a cycle saved per request)."""
+            with m.If(pay_pending):
+                m.next = "FIN_DISCARD"
+            with m.Else():
+                fin_next(0)
+
         with m.FSM(name="rsp") as fsm:
             with m.State("IDLE"):
+                # the QP context and, for a request that names an rkey, its MR entry are
+                # asked for at once (the rkey is in the packet): both requests are offered
+                # while the packet waits, each until taken; the packet is taken with the last
+                inm = self.rx.meta.payload
+                in_mr = Signal()
+                m.d.comb += in_mr.eq(Cat(*[inm.opcode == o.value for o in (
+                    Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM, Op.READ_REQUEST,
+                    Op.COMPARE_SWAP, Op.FETCH_ADD)]).any())
                 m.d.comb += [
-                    self.rx.meta.ready.eq(self.qpc.req.ready),
-                    self.qpc.req.valid.eq(self.rx.meta.valid),
-                    self.qpc.req.payload.index.eq(self.rx.meta.payload.dest_qpn[:qb]),
+                    self.qpc.req.valid.eq(self.rx.meta.valid & ~q_asked),
+                    self.qpc.req.payload.index.eq(inm.dest_qpn[:qb]),
+                    self.mr.req.valid.eq(self.rx.meta.valid & in_mr & ~m_asked),
+                    mr_key.eq(inm.rkey),
                 ]
-                with m.If(self.rx.meta.valid & self.qpc.req.ready):
+                q_ok = q_asked | self.qpc.req.ready
+                m_ok = ~in_mr | m_asked | self.mr.req.ready
+                m.d.comb += self.rx.meta.ready.eq(q_ok & m_ok)
+                with m.If(self.rx.meta.valid & q_ok & m_ok):
                     m.d.sync += [
-                        pk.eq(self.rx.meta.payload),
+                        pk.eq(inm),
                         # an event resetting the QP in this very cycle: the state read now
                         # is the old one, so the packet counts as arrived before the event
-                        killed.eq(ev_reset & (ev.qpn[:qb] == self.rx.meta.payload.dest_qpn[:qb])),
-                        pay_pending.eq(self.rx.meta.payload.paylen != 0),
+                        killed.eq(ev_reset & (ev.qpn[:qb] == inm.dest_qpn[:qb])),
+                        pay_pending.eq(inm.paylen != 0),
                         f_cqe.eq(0), f_err.eq(0), f_ack.eq(0), f_wb.eq(0), c_verr.eq(0),
                         pi_r.eq(pi_rd.data), s.eq(st_rd.data),
+                        q_asked.eq(0), m_asked.eq(0), q_have.eq(0), m_have.eq(~in_mr),
                     ]
                     m.next = "LOAD"
+                with m.Elif(self.rx.meta.valid):
+                    m.d.sync += [q_asked.eq(q_ok), m_asked.eq(m_asked | (self.mr.req.valid
+                                                                        & self.mr.req.ready))]
 
             with m.State("LOAD"):
-                m.d.comb += self.qpc.resp.ready.eq(1)
-                with m.If(self.qpc.resp.valid):
+                # both answers, in either order (an entry that could not be read is no
+                # valid entry: the check fails)
+                m.d.comb += [self.qpc.resp.ready.eq(~q_have), self.mr.resp.ready.eq(~m_have)]
+                with m.If(self.qpc.resp.valid & ~q_have):
                     m.d.sync += [ctx.eq(self.qpc.resp.payload.data),
-                                 ctx_bad.eq(self.qpc.resp.payload.err)]
-                    # the requests that name an rkey look its MR entry up first
-                    with m.If(is_write_first | is_read | is_atomic):
-                        m.next = "MR_REQ"
-                    with m.Else():
-                        m.next = "CHECK"
-
-            mr_lookup("MR", "CHECK")
+                                 ctx_bad.eq(self.qpc.resp.payload.err), q_have.eq(1)]
+                with m.If(self.mr.resp.valid & ~m_have):
+                    m.d.sync += [e.eq(Mux(self.mr.resp.payload.err, 0,
+                                          self.mr.resp.payload.data)), m_have.eq(1)]
+                with m.If((q_have | self.qpc.resp.valid) & (m_have | self.mr.resp.valid)):
+                    m.next = "CHECK"
 
             with m.State("CHECK"):
                 with m.If(~qpn_ok | ctx_bad | ~state_ok):
@@ -765,7 +810,7 @@ class Responder(wiring.Component):
                     with m.If(is_wimm):
                         m.next = "WQE_REQ"
                     with m.Else():
-                        m.next = "FIN_DISCARD"
+                        fin_next(0)         # the payload is consumed: nothing to discard
 
             # ---- RDMA READ: queue its descriptor, the engines do the rest -----------
             # ---- duplicates: no second effect (IBA 9.7.5.1.2, 9.7.5.2.1) --------------
@@ -802,7 +847,7 @@ class Responder(wiring.Component):
 
             with m.State("RD_PUSH"):
                 with m.If(push(RESP_READ, pk.psn, Syn.ACK.value, s.msn, arg=pk.va, length=pk.dma_len)):
-                    m.next = "FIN_DISCARD"
+                    finish()
 
             # ---- atomics --------------------------------------------------------------
             with m.State("AT_IN"):
@@ -827,27 +872,14 @@ class Responder(wiring.Component):
 
             with m.State("AT_PH"):
                 with m.If(push(RESP_ATOMIC_PEND, pk.psn, Syn.ACK.value, s.msn)):
-                    m.next = "FIN_DISCARD"
+                    finish()
 
             with m.State("AT_ACK"):
                 # a duplicate answered from the replay cache
                 with m.If(push(RESP_ATOMIC, pk.psn, Syn.ACK.value, s.msn, arg=orig)):
-                    m.next = "FIN_DISCARD"
+                    finish()
 
             # ---- finishing sequence: discard, CQE, QP error, ACK/NAK, write-back ------
-            fin_stages = [("FIN_CQE", f_cqe), ("FIN_ERR", f_err), ("FIN_ACK", f_ack), ("FIN_WB", f_wb)]
-
-            def fin_next(first):
-                """Go to the first finishing stage from ``first`` on that has work, else IDLE."""
-                todo = fin_stages[first:]
-                with m.If(todo[0][1]):
-                    m.next = todo[0][0]
-                for name, flag in todo[1:]:
-                    with m.Elif(flag):
-                        m.next = name
-                with m.Else():
-                    m.next = "IDLE"
-
             with m.State("FIN_DISCARD"):
                 with m.If(pay_pending):
                     m.d.comb += self.rx.payload.ready.eq(1)

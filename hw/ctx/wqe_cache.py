@@ -9,10 +9,18 @@ response path waits a host round trip per miss.
 
 Entries are 64-byte WQEs keyed by ``(qpn, index)``, ``index`` the WQE's 16-bit send-queue
 index; a :class:`~hw.lib.cache.SetAssocCache` with ``addressed=True`` holds them (sets,
-ways, policy, MSHRs from ``NicConfig.wqe_cache_*``). The cache's key is ``Cat(index XOR
-(QPN_MIX * qpn), qpn)``, a one-to-one function of the pair whose low bits (the set) spread
-the WQEs of different QPs at the same index over the sets: many QPs posting in step (SMART's
-batch-synchronous threads) would otherwise all land in one set and thrash it. Every entry is a read-only copy of what
+ways, policy, MSHRs from ``NicConfig.wqe_cache_*``). The set of a WQE is
+``Cat((index + qpn)[:lw], qpn)``, low bits first, where ``2**lw = min(max_rd_atomic, sets)``
+(:func:`wqe_set`; the key is ``Cat((index + qpn)[:lw], qpn, index[lw:])``, one-to-one). The
+WQEs a QP keeps outstanding are consecutive send-queue indices, at most ``max_rd_atomic``
+READs / atomics: with ``lw`` index bits at the bottom of the set, those of one QP fall in
+``2**lw`` different sets whatever the index, and the QPN bits above give the QPs of
+different classes (QPN modulo ``sets / 2**lw``) sets of their own. So ``sets * ways /
+max_rd_atomic`` QPs with full READ windows fit, however far apart their indices have
+drifted: the cache thrashes when the outstanding WQEs outgrow its capacity, not earlier by
+set conflicts (SMART section 3.2 sees 111 Mops at 768 READs outstanding). Adding the QPN to
+the index bits spreads QPs posting in step (SMART's batch-synchronous threads, all at the
+same index) over the sets when the QPN bits are few or none. Every entry is a read-only copy of what
 the send queue holds (the driver writes every WQE there, also one it posts by BlueFlame, and
 does not reuse a slot before its completion), so a miss may always re-read it and nothing is
 ever written back.
@@ -21,10 +29,15 @@ ever written back.
   clean, replacing whatever the key held, a stale copy from an earlier incarnation of the
   QP included). Fills are queued (``FILL_DEPTH``) and go before any lookup: a lookup waits
   while a fill is queued, so it never overtakes the install of its own WQE.
-* ``lk[0]`` (response handling) and ``lk[1]`` (flush): ``{qpn, index, addr}`` where ``addr``
-  is the WQE's host address (for a miss), answered with the WQE's ``wr_id``,
+* ``lk[0]`` (response handling) and ``lk[1]`` (flush): ``{qpn, index, addr, last}`` where
+  ``addr`` is the WQE's host address (for a miss), answered with the WQE's ``wr_id``,
   ``local_addr``, ``length`` and ``err`` (the re-read failed). At most one request per
-  port in flight.
+  port in flight. ``last``: the message completes with this lookup (the last packet of
+  its READ response, its atomic acknowledge, an ACK that covers it, its flush): the entry
+  is freed (:class:`~hw.lib.cache.SetAssocCache`'s last use), so the WQE cache holds the
+  WQEs of outstanding requests and a completed one is the next victim of its set, not an
+  outstanding one that LRU would pick because its fill is the oldest use of its set. A
+  wrong guess costs a re-read, never a wrong answer.
 
 Counters (one-cycle increments): ``stat_hit`` / ``stat_miss`` (lookups, fills not
 counted), ``stat_evict``.
@@ -41,13 +54,19 @@ from ..formats import WQE, WQE_BYTES
 from ..interfaces import DmaReadPort
 from ..lib.cache import CacheOp, SetAssocCache
 
-__all__ = ["WqeCache", "WQE_INFO", "FILL_DEPTH", "QPN_MIX"]
+__all__ = ["WqeCache", "WQE_INFO", "FILL_DEPTH", "wqe_set"]
 
 #: What a lookup answers: the fields of the WQE the response path and the flush need.
 WQE_INFO = data.StructLayout({"wr_id": 64, "local_addr": 64, "length": 32})
 FILL_DEPTH = 4
-#: Odd multiplier spreading QPNs over the sets (a bijection modulo any power of two).
-QPN_MIX = 47
+
+
+def wqe_set(qpn, index, sets, max_rd_atomic, qpn_bits):
+    """The set (an int) of the WQE ``(qpn, index)`` in a WQE cache of ``sets`` sets: the
+    RTL's mapping in Python, for tests and docs."""
+    lw = min(max(max_rd_atomic - 1, 0).bit_length(), sets.bit_length() - 1)
+    low = (index + qpn) % (1 << lw)
+    return (low | (qpn << lw) | ((index >> lw) << (lw + qpn_bits))) % sets
 
 
 class WqeCache(wiring.Component):
@@ -61,7 +80,7 @@ class WqeCache(wiring.Component):
             entry_bytes=WQE_BYTES, key_bits=16 + qpn_bits, sets=cfg.wqe_cache_sets,
             ways=cfg.wqe_cache_ways, policy=cfg.wqe_cache_policy, mshrs=cfg.wqe_cache_mshrs,
             data_bytes=W, id_bits=2, addressed=True)
-        lk_req = data.StructLayout({"qpn": qpn_bits, "index": 16, "addr": 64})
+        lk_req = data.StructLayout({"qpn": qpn_bits, "index": 16, "addr": 64, "last": 1})
         lk_resp = data.StructLayout({"info": WQE_INFO, "err": 1})
         self.fill_layout = data.StructLayout({"qpn": qpn_bits, "index": 16, "wqe": WQE})
         super().__init__({
@@ -79,8 +98,14 @@ class WqeCache(wiring.Component):
     def elaborate(self, platform):
         m = Module()
 
+        # 2**lw = min(max_rd_atomic rounded up to a power of two, sets)
+        lw = min(max(self.cfg.max_rd_atomic - 1, 0).bit_length(),
+                 self.cache.set_bits)
+
         def key_of(qpn, index):
-            return Cat((index ^ (qpn * QPN_MIX))[:16], qpn)
+            if lw == 0:
+                return Cat(qpn, index)
+            return Cat((index + qpn)[:lw], qpn, index[lw:16])
 
         m.submodules.cache = cache = self.cache
         m.submodules.fills = fills = SyncFIFOBuffered(width=self.fill_layout.size,
@@ -118,6 +143,7 @@ class WqeCache(wiring.Component):
                 arb.i[k].payload.key.eq(key_of(lk.req.payload.qpn, lk.req.payload.index)),
                 arb.i[k].payload.id.eq(k),
                 arb.i[k].payload.addr.eq(lk.req.payload.addr),
+                arb.i[k].payload.last.eq(lk.req.payload.last),
                 lk.req.ready.eq(arb.i[k].ready & ~hold),
             ]
 

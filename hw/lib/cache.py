@@ -32,7 +32,12 @@ still full.
 
 Operations (``req.op``):
 
-* ``READ``: respond with the entry (``hit`` says whether it was in the cache).
+* ``READ``: respond with the entry (``hit`` says whether it was in the cache). With
+  ``req.last`` set the client says this is the entry's last use (a WQE whose message
+  completes with this response): a clean entry's way is freed after the read (a hit) or
+  once the fill has answered (a miss), so that it is the next victim of its set instead
+  of a live entry the policy would pick (an entry still needed but least recently used:
+  the oldest outstanding request's WQE). A dirty entry is kept.
 * ``WRITE``: write the whole entry (no fill on a miss: the line is allocated and written),
   mark it dirty; respond without data.
 * ``INVAL``: write the entry back if it is dirty and drop it (a QP destroyed or modified by
@@ -59,7 +64,7 @@ Parameters: ``entry_bytes`` (a power of two in [1, 4096]), ``key_bits`` in [1, 3
 power of two for ``"plru"``), ``policy`` (``"lru"`` or ``"plru"``), ``mshrs`` in [1, 16],
 ``data_bytes`` (the DMA data width, a power of two in [1, 256]), ``id_bits`` in [1, 16].
 
-Ports: ``base: In(64)``; ``req: In(stream of {op, key, id, data})``; ``resp: Out(stream of
+Ports: ``base: In(64)``; ``req: In(stream of {op, key, id, data, last})``; ``resp: Out(stream of
 {op, id, hit, err, data})``; ``dma_rd: Out(DmaReadPort(data_bytes))``; ``dma_wr:
 Out(DmaWritePort(data_bytes))``; counters ``hits``, ``misses``, ``evictions``,
 ``writebacks``, ``stalls``, ``fill_errors``, ``wb_errors``, ``rd_bytes``, ``wr_bytes``
@@ -115,7 +120,7 @@ class SetAssocCache(wiring.Component):
             raise ValueError(f"addressed must be True or False, not {addressed!r}")
         self.addressed = addressed
         self.req_layout = data.StructLayout({
-            "op": CacheOp, "key": key_bits, "id": id_bits, "data": entry_bits,
+            "op": CacheOp, "key": key_bits, "id": id_bits, "data": entry_bits, "last": 1,
             **({"addr": 64} if addressed else {})})
         self.resp_layout = data.StructLayout({
             "op": CacheOp, "id": id_bits, "hit": 1, "err": 1, "data": entry_bits})
@@ -254,6 +259,7 @@ class SetAssocCache(wiring.Component):
         ms_key = [Signal(self.key_bits, name=f"ms_key{i}") for i in range(self.mshrs)]
         ms_way = [Signal(wb, name=f"ms_way{i}") for i in range(self.mshrs)]
         ms_id = [Signal(self.id_bits, name=f"ms_id{i}") for i in range(self.mshrs)]
+        ms_last = Signal(self.mshrs)
         ms_free = Signal(mb)
         for i in reversed(range(self.mshrs)):
             with m.If(~ms_valid[i]):
@@ -292,9 +298,11 @@ class SetAssocCache(wiring.Component):
         fill_key = Signal(self.key_bits)
         fill_way = Signal(wb)
         fill_id = Signal(self.id_bits)
+        fill_last = Signal()
         for i in range(self.mshrs):
             with m.If(fill_tag == i):
-                m.d.comb += [fill_key.eq(ms_key[i]), fill_way.eq(ms_way[i]), fill_id.eq(ms_id[i])]
+                m.d.comb += [fill_key.eq(ms_key[i]), fill_way.eq(ms_way[i]), fill_id.eq(ms_id[i]),
+                             fill_last.eq(ms_last[i])]
 
         # Write-back buffer, emptied by the DMA write port; busy until the host answered.
         wb_busy = Signal()
@@ -417,7 +425,8 @@ class SetAssocCache(wiring.Component):
                         set_way(fill_way, valid=0, pending=0, dirty=0)
                         m.d.sync += self.fill_errors.eq(self.fill_errors + 1)
                     with m.Else():
-                        set_way(fill_way, valid=1, pending=0, dirty=0)
+                        # a last use leaves the way free (the data still answer the READ)
+                        set_way(fill_way, valid=~fill_last, pending=0, dirty=0)
                         m.d.comb += [line_wr.addr.eq(slot(set_of(key), fill_way)),
                                      line_wr.data.eq(fill_buf[:entry_bits]), line_wr.en.eq(1)]
                     for i in range(self.mshrs):
@@ -439,7 +448,10 @@ class SetAssocCache(wiring.Component):
                     m.d.comb += [tag_wr.en.eq(1), line_rd.addr.eq(slot(set_of(key), hit_way))]
                     with m.Switch(cur.op):
                         with m.Case(CacheOp.READ):
-                            touch(hit_way)
+                            with m.If(cur.last & ~(hit_v & dirty_v).any()):
+                                set_way(hit_way, valid=0)   # its last use: the way is free
+                            with m.Else():
+                                touch(hit_way)
                             m.next = "READ_DATA"
                         with m.Case(CacheOp.WRITE, CacheOp.FILL):
                             m.d.comb += [line_wr.addr.eq(slot(set_of(key), hit_way)),
@@ -486,7 +498,8 @@ class SetAssocCache(wiring.Component):
                         for i in range(self.mshrs):
                             with m.If(ms_free == i):
                                 m.d.sync += [ms_valid[i].eq(1), ms_key[i].eq(key),
-                                             ms_way[i].eq(victim), ms_id[i].eq(cur.id)]
+                                             ms_way[i].eq(victim), ms_id[i].eq(cur.id),
+                                             ms_last[i].eq(cur.last)]
                         fill_addr = cur.addr if self.addressed else self.base + (key << ebits)
                         m.d.sync += [rq_valid.eq(1), rq_addr.eq(fill_addr), rq_tag.eq(ms_free)]
                         m.next = "IDLE"

@@ -108,10 +108,11 @@ def run_cache(ops, *, sets=4, ways=2, policy="lru", mshrs=2, entry_bytes=16, dat
 
     async def client(ctx):
         ctx.set(dut.base, BASE)
-        for i, (op, key, value) in enumerate(ops):
+        for i, (op, key, value, *last) in enumerate(ops):
             while rng.random() > p_req:
                 await ctx.tick()
             ctx.set(dut.req.payload, {"op": op, "key": key, "id": i, "data": value,
+                                      "last": last[0] if last else 0,
                                       **({"addr": addr_of(key)} if addr_of else {})})
             ctx.set(dut.req.valid, 1)
             while True:
@@ -293,6 +294,28 @@ def test_capacity_fit_and_lru_thrash():
     ops = [(CacheOp.READ, 4 * k, 0) for k in range(3)] * 5     # three keys, one 2-way set
     got, c, _ = run_cache(ops, sets=4, ways=2, mshrs=1, sequential=True)
     assert c["hits"] == 0 and c["misses"] == 15 and c["evictions"] == 13
+
+
+def test_last_use_frees_the_way():
+    """A READ marked ``last`` (the entry's last use) frees its way: the next key of the set
+    takes it instead of evicting the least recently used live entry. Keys 0 and 4 share a
+    2-way set; 0 is read, 4 read last; 8 then misses into 4's way, and 0, the LRU entry,
+    still hits. A last READ that misses (12: it evicts 8, the LRU entry) answers with the
+    data and leaves the way free, so the next miss of the set evicts nothing and 0 stays;
+    a last READ of a dirty entry keeps it."""
+    R, W = CacheOp.READ, CacheOp.WRITE
+    mem = HostMemory()
+    fill_memory(mem, range(16), 16, random.Random(3))
+    want = {k: int.from_bytes(mem.read(BASE + 16 * k, 16), "little") for k in range(16)}
+    ops = [(R, 0, 0), (R, 4, 0), (R, 4, 0, 1), (R, 8, 0), (R, 0, 0),
+           (R, 12, 0, 1), (R, 12, 0), (R, 0, 0), (W, 1, 5), (R, 1, 0, 1), (R, 1, 0)]
+    got, c, dma = run_cache(ops, sets=4, ways=2, mshrs=1, sequential=True, mem=mem)
+    hits = [g[2] for g in sorted(got)]
+    assert hits == [0, 0, 1, 0, 1, 0, 0, 1, 0, 1, 1]
+    assert [g[4] for g in sorted(got)][:8] == [want[k] for k in (0, 4, 4, 8, 0, 12, 12, 0)]
+    # 8 took the freed way of 4; 12 evicted 8 and left its way free; the second 12 took it
+    assert c["evictions"] == 1 and c["misses"] == 6
+    assert [g[4] for g in sorted(got)][9:] == [5, 5]
 
 
 def test_invalidate_writes_back_and_answers_after_the_host_has_it():

@@ -755,6 +755,65 @@ def test_wqe_cache_spreads_qps_over_sets():
     assert world.reread_reads == [] and world.stats["stat_wqe_hit"] == 24
 
 
+def test_wqe_cache_set_mapping():
+    """hw/ctx/wqe_cache.py ``wqe_set``: the outstanding READs of a QP (consecutive indices, at
+    most max_rd_atomic) fall in different sets whatever the index, and the QPs of a QPN class
+    share sets evenly: connectx6's 256 x 4 sets hold 64 QPs' full READ windows however far
+    apart the QPs' indices have drifted; QPs in step at one index spread over the sets."""
+    from hw.ctx.wqe_cache import wqe_set
+    rng = random.Random(5)
+    for trial in range(20):
+        load = {}
+        for q in range(2, 66):
+            start = rng.randrange(1 << 16)
+            for i in range(16):
+                s = wqe_set(q, (start + i) % (1 << 16), 256, 16, 10)
+                load[s] = load.get(s, 0) + 1
+        assert max(load.values()) == 4 and len(load) == 256
+    assert sorted(wqe_set(q, 7, 4, 16, 2) for q in range(4)) == [0, 1, 2, 3]
+    # one-to-one (the key): every (qpn, index) of a small space in its own (set, rest)
+    keys = {(wqe_set(q, i, 8, 4, 2), q, i >> 2) for q in range(4) for i in range(64)}
+    assert len(keys) == 4 * 64
+
+
+def test_wqe_cache_drifted_windows():
+    """Two QPs with four READs in flight each, their send-queue indices three apart: in an
+    8-set, one-way WQE cache (max_rd_atomic 4) each QP's window has four sets of its own, so
+    no WQE is evicted while outstanding and nothing is read again (a set index that mixed
+    the QPN into the index by XOR put both windows over the same sets)."""
+    import dataclasses
+    cfg = dataclasses.replace(CFG, wqe_cache_sets=8, wqe_cache_ways=1, max_rd_atomic=4)
+    world = World(cfg, 41, bp=0.2, resp_lat=80)
+    rng = random.Random(41)
+    setup_memory(world, rng)
+    lead = {0: 0, 1: 3}
+    plan = {q: [wqe(O.RDMA_READ, 8, SIG, local=GOOD["base"] + 0x1000 * q + 8 * r,
+                    remote=0x800000 + q * 0x10000 + 8 * r) for r in range(lead[q] + 12)]
+            for q in (0, 1)}
+    for q in (0, 1):
+        world.final_psn[q] = None
+
+    async def script(ctx, world, event, wait):
+        for q in (0, 1):
+            await event(q, formats.QpState.RTS.value, 0)
+        for w in plan[1][:3]:                 # QP 1 runs three WQEs ahead
+            world.post(1, w)
+        world.ring(1)
+        await wait(lambda: len(world.cqes) >= 3)
+        for r in range(3):
+            for q in (0, 1):
+                for w in plan[q][lead[q] + 4 * r:lead[q] + 4 * r + 4]:
+                    world.post(q, w)
+                world.ring(q)
+            await wait(lambda: len(world.cqes) >= 3 + 8 * (r + 1))
+
+    run(world, script)
+    for q in (0, 1):
+        check_success(world, q, plan[q])
+    assert world.reread_reads == [] and world.stats["stat_wqe_miss"] == 0
+    assert world.stats["stat_wqe_hit"] == 27
+
+
 def test_wqe_reread_fails():
     """Six READs outstanding, a one-entry WQE cache: every response's WQE is read again. The
     host fails the re-read of the third: that WR completes in LOC_QP_OP_ERR with wr_id 0 (it
