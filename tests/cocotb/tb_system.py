@@ -547,22 +547,28 @@ async def test_random_within_caches(dut):
 
 @cocotb.test()
 async def test_wqe_cache_guard(dut):
-    """The WQE cache (docs/caches.md): 64 signaled 8-byte READs of one QP, posted in groups of
+    """The WQE cache (docs/caches.md): 64 signaled READs of one QP, posted in groups of
     ``k``. With groups of 4 (fewer outstanding than the cache's entries) no WQE is read
-    again; with all 64 rung at once (up to max_outstanding outstanding, more than the cache
-    holds) responses find their WQE evicted and read it again: the host-interface read bytes
-    per request rise. Completions and memory are checked against the reference model."""
+    again; with all 64 rung at once, more are outstanding than the cache holds, responses
+    find their WQE evicted and read it again: the host-interface read bytes per request
+    rise. The READs are one MTU each: a response takes ``mtu / data_bytes`` beats, the
+    request a few, so the requests run ahead of the responses and up to ``max_rd_atomic``
+    are outstanding (8-byte READs come back about as fast as they go out: since the cache
+    frees a completed WQE's way, e442682, those keep within the cache and miss on none).
+    Completions and memory are checked against the reference model."""
     sysm, a, b, sb = await setup(dut, sq_depth=128, cq_depth=256)
     # the QP's processing unit has its share of the WQE cache
     entries = CFG.nic.wqe_cache_sets * CFG.nic.wqe_cache_ways // CFG.nic.n_pus
-    assert CFG.nic.max_outstanding > entries, "the guard needs more outstanding than entries"
+    assert CFG.nic.max_rd_atomic > entries, "the guard needs more outstanding than entries"
     la, lk, ra, rk = a["buf"], a["mr"].lkey, b["buf"], b["mr"].rkey
+    n = CFG.nic.mtu
+    assert 64 * n <= 0x8000, "the READs' buffers must fit the filled regions"
     per_req = {}
     for group in (4, 64):
         c0 = await sysm.a.read_counters()
         for g in range(0, 64, group):
-            await sb.post_send(a["qp"], [SendWR(1000 * group + i, R, (la + 8 * i, 8, lk),
-                                                ra + 0x100 + 8 * i, rk)
+            await sb.post_send(a["qp"], [SendWR(1000 * group + i, R, (la + n * i, n, lk),
+                                                ra + 0x100 + n * i, rk)
                                          for i in range(g, g + group)])
             await sb.check()
         c1 = await sysm.a.read_counters()
