@@ -184,6 +184,11 @@ from .lib.ready_queue import ReadyQueue
 from .wqe_fetch import WqeFetch
 from .ctx.wqe_cache import WqeCache, WQE_INFO
 from .rnic.packet_emitter import PacketEmitter
+from .rnic.request_header import RequestHeader
+from .rnic.response_check import ResponseCheck
+from .rnic.tracker import TRACKER_ENTRY, psn_le
+from .rnic.wqe_check import WqeCheck
+from .lib.priority_merge import PriorityMerge
 from .bf_buffer import BlueFlameBuffer, SQ_BF
 
 __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH", "requester_ports"]
@@ -195,21 +200,6 @@ WQE_BATCH = NicConfig.wqe_batch
 DESC_DEPTH = NicConfig.desc_depth
 #: WQEs written by BlueFlame kept until they are sent (hw/bf_buffer.py).
 BF_ENTRIES = NicConfig.bf_entries
-
-#: One outstanding message of a QP (``status`` non-zero: failed locally or NAKed).
-TRACKER_ENTRY = data.StructLayout({
-    # the WQE's fields (wr_id, local_addr, length) are in the WQE cache (hw/ctx/wqe_cache.py),
-    # keyed by (QPN, index): a miss reads the WQE again from the send queue
-    "index": 16,          # the WQE's send-queue index
-    "noinfo": 1,          # the WQE could not be read: no cached copy, wr_id 0
-    "first_psn": 24,
-    "last_psn": 24,
-    "opcode": 3,          # WrOpcode, 7 = unknown
-    "signaled": 1,
-    "status": 5,          # WcStatus
-    "rcv": 16,            # READ: response packets received so far (they must come in order);
-                          # WRITE/SEND: packets a PSN sequence NAK showed the responder to have
-})
 
 STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
          "stat_nak_rx", "stat_wqe_fetch", "stat_db_reject",
@@ -257,11 +247,6 @@ def requester_ports(cfg, qpn_bits, mr_bits, units=None):
     for name, most in COUNTS:
         ports[name] = Out(range((units or 1) * (cfg.bf_entries if most is None else most) + 1))
     return ports
-
-
-def psn_le(a, b):
-    """a <= b in 24-bit serial arithmetic."""
-    return ((b - a) & 0xFFFFFF) < (1 << 23)
 
 
 class Requester(wiring.Component):
@@ -552,42 +537,29 @@ class Requester(wiring.Component):
         wr, wr_done = self.dma_wr.wr, self.dma_wr.done
         wiring.connect(m, wiring.flipped(self.dma_wr.done), gate.done)
         m.d.comb += gate.wr_issued.eq(wr.valid & wr.ready & wr.payload.last)
-        cq_in = gate.i
-        tx_cqe_v = Signal()
-        rx_cqe_v = Signal()
-        cqe_hold = Signal()
-        cqe_hold_rx = Signal()
-        cqe_rx = Signal()
+        # i[0] the response FSM (priority), i[1] the send FSM (hw/lib/priority_merge.py)
+        m.submodules.cqe_merge = cqe_merge = PriorityMerge(gate.i.payload.shape())
+        wiring.connect(m, cqe_merge.o, gate.i)
+        rx_cq, tx_cq = cqe_merge.i
+        rx_cqe_v, tx_cqe_v = rx_cq.valid, tx_cq.valid
+        rx_cqe_rdy, tx_cqe_rdy = rx_cq.ready, tx_cq.ready
         m.d.comb += [
-            cqe_rx.eq(Mux(cqe_hold, cqe_hold_rx, rx_cqe_v)),
-            cq_in.valid.eq(Mux(cqe_rx, rx_cqe_v, tx_cqe_v)),
-            cq_in.payload.item.req.cqn.eq(Mux(cqe_rx, qcq[rcur], ctx.send_cq)),
-            cq_in.payload.item.req.cqe.eq(Mux(cqe_rx, rcqe_reg, cqe_reg)),
-            cq_in.payload.item.silent.eq(cqe_rx & rcqe_silent),
-            cq_in.payload.key.eq(Mux(cqe_rx, rcur, cur)),
+            rx_cq.payload.item.req.cqn.eq(qcq[rcur]),
+            rx_cq.payload.item.req.cqe.eq(rcqe_reg),
+            rx_cq.payload.item.silent.eq(rcqe_silent),
+            rx_cq.payload.key.eq(rcur),
+            tx_cq.payload.item.req.cqn.eq(ctx.send_cq),
+            tx_cq.payload.item.req.cqe.eq(cqe_reg),
+            tx_cq.payload.key.eq(cur),
         ]
-        m.d.sync += [cqe_hold.eq(cq_in.valid & ~cq_in.ready), cqe_hold_rx.eq(cqe_rx)]
-        tx_cqe_rdy = Signal()
-        rx_cqe_rdy = Signal()
-        m.d.comb += [tx_cqe_rdy.eq(~cqe_rx & cq_in.ready), rx_cqe_rdy.eq(cqe_rx & cq_in.ready)]
 
         m.submodules.err_arb = err_arb = StreamArbiter(data.StructLayout({"qpn": 24}), 2)
-        fsm_err = err_arb.i[0]
-        tx_err_v = Signal()
-        rx_err_v = Signal()
-        err_hold = Signal()
-        err_hold_rx = Signal()
-        err_rx = Signal()
-        m.d.comb += [
-            err_rx.eq(Mux(err_hold, err_hold_rx, rx_err_v)),
-            fsm_err.valid.eq(Mux(err_rx, rx_err_v, tx_err_v)),
-            fsm_err.payload.qpn.eq(Mux(err_rx, rcur, cur)),
-        ]
-        m.d.sync += [err_hold.eq(fsm_err.valid & ~fsm_err.ready), err_hold_rx.eq(err_rx)]
-        tx_err_rdy = Signal()
-        rx_err_rdy = Signal()
-        m.d.comb += [tx_err_rdy.eq(~err_rx & fsm_err.ready),
-                     rx_err_rdy.eq(err_rx & fsm_err.ready)]
+        m.submodules.err_merge = err_merge = PriorityMerge(data.StructLayout({"qpn": 24}))
+        wiring.connect(m, err_merge.o, err_arb.i[0])
+        rx_er, tx_er = err_merge.i
+        rx_err_v, tx_err_v = rx_er.valid, tx_er.valid
+        rx_err_rdy, tx_err_rdy = rx_er.ready, tx_er.ready
+        m.d.comb += [rx_er.payload.qpn.eq(rcur), tx_er.payload.qpn.eq(cur)]
         wiring.connect(m, err_arb.o, wiring.flipped(self.set_err))
 
         # gate output: a completion whose WR's data write failed becomes LOC_PROT_ERR (even an
@@ -638,35 +610,14 @@ class Requester(wiring.Component):
         m.d.comb += [wqec.fill.payload.qpn.eq(cur), wqec.fill.payload.index.eq(fi[cur]),
                      wqec.fill.payload.wqe.eq(wqe)]
 
-        # ---------------- local checks on the fetched WQE
+        # ---------------- local checks on the fetched WQE (hw/rnic/wqe_check.py)
+        m.submodules.wqe_check = chk = WqeCheck(cfg.mtu)
+        m.d.comb += [chk.wqe.eq(wqe), chk.wqe_err.eq(wqe_err), chk.mr.eq(mr), chk.pd.eq(ctx.pd)]
         op = wqe.opcode
-        known = Signal()
-        m.d.comb += known.eq(op <= WrOpcode.ATOMIC_FETCH_AND_ADD.value)
-        is_atomic = Signal()
-        m.d.comb += is_atomic.eq((op == WrOpcode.ATOMIC_CMP_AND_SWP.value)
-                                 | (op == WrOpcode.ATOMIC_FETCH_AND_ADD.value))
-        is_read = Signal()
-        m.d.comb += is_read.eq(op == WrOpcode.RDMA_READ.value)
-        is_write = Signal()
-        m.d.comb += is_write.eq(op <= WrOpcode.RDMA_WRITE_WITH_IMM.value)
-        with_imm = Signal()
-        m.d.comb += with_imm.eq((op == WrOpcode.RDMA_WRITE_WITH_IMM.value)
-                                | (op == WrOpcode.SEND_WITH_IMM.value))
-        mr_ok = Signal()
-        m.d.comb += mr_ok.eq(
-            mr.valid & (mr.key == wqe.lkey) & (mr.pd == ctx.pd)
-            & (wqe.local_addr >= mr.base)
-            & ((wqe.local_addr + wqe.length) <= (mr.base + mr.length))
-            & (~(is_read | is_atomic) | (mr.access & formats.Access.LOCAL_WRITE.value).any()))
-        loc_status = Signal(5)
-        with m.If(wqe_err):
-            m.d.comb += loc_status.eq(WcStatus.LOC_QP_OP_ERR.value)
-        with m.Elif(~known):
-            m.d.comb += loc_status.eq(WcStatus.LOC_QP_OP_ERR.value)
-        with m.Elif(is_atomic & (wqe.length != 8)):
-            m.d.comb += loc_status.eq(WcStatus.LOC_LEN_ERR.value)
-        with m.Elif((wqe.length != 0) & ~mr_ok):
-            m.d.comb += loc_status.eq(WcStatus.LOC_PROT_ERR.value)
+        known, is_atomic, is_read, is_write = chk.op.known, chk.op.atomic, chk.op.read, chk.op.write
+        single = chk.op.single       # READ / atomic: one packet, no payload
+        loc_status = chk.status
+        npkts = chk.npkts            # number of PSNs the message uses
 
         # the head message of a rewound QP: a READ requests only the responses still
         # missing, a WRITE/SEND starts at the first packet the responder does not have
@@ -677,184 +628,51 @@ class Requester(wiring.Component):
         m.d.comb += resume_ws.eq(resume & ~is_read)
         rs_bytes = Signal(32)
         m.d.comb += rs_bytes.eq(rs_skip[cur] << mtu_bits)
-        # number of PSNs the message uses
-        npkts = Signal(24)
-        m.d.comb += npkts.eq(Mux(is_atomic | (wqe.length == 0), 1,
-                                 (wqe.length + (cfg.mtu - 1)) >> mtu_bits))
         last_psn = Signal(24)
         m.d.comb += last_psn.eq(npsn[cur] + npkts - 1)
 
-        # ---------------- request packet fields
-        seg_last = Signal()
-        m.d.comb += seg_last.eq(seg_left <= cfg.mtu)
-        seg_len = Signal(16)
-        m.d.comb += seg_len.eq(Mux(seg_last, seg_left, cfg.mtu))
-        bth_op = Signal(8)
-        with m.Switch(op):
-            with m.Case(WrOpcode.RDMA_WRITE.value, WrOpcode.RDMA_WRITE_WITH_IMM.value):
-                with m.If(seg_first & seg_last):
-                    m.d.comb += bth_op.eq(Mux(with_imm, BthOpcode.WRITE_ONLY_IMM.value,
-                                              BthOpcode.WRITE_ONLY.value))
-                with m.Elif(seg_first):
-                    m.d.comb += bth_op.eq(BthOpcode.WRITE_FIRST.value)
-                with m.Elif(seg_last):
-                    m.d.comb += bth_op.eq(Mux(with_imm, BthOpcode.WRITE_LAST_IMM.value,
-                                              BthOpcode.WRITE_LAST.value))
-                with m.Else():
-                    m.d.comb += bth_op.eq(BthOpcode.WRITE_MIDDLE.value)
-            with m.Case(WrOpcode.SEND.value, WrOpcode.SEND_WITH_IMM.value):
-                with m.If(seg_first & seg_last):
-                    m.d.comb += bth_op.eq(Mux(with_imm, BthOpcode.SEND_ONLY_IMM.value,
-                                              BthOpcode.SEND_ONLY.value))
-                with m.Elif(seg_first):
-                    m.d.comb += bth_op.eq(BthOpcode.SEND_FIRST.value)
-                with m.Elif(seg_last):
-                    m.d.comb += bth_op.eq(Mux(with_imm, BthOpcode.SEND_LAST_IMM.value,
-                                              BthOpcode.SEND_LAST.value))
-                with m.Else():
-                    m.d.comb += bth_op.eq(BthOpcode.SEND_MIDDLE.value)
-            with m.Case(WrOpcode.RDMA_READ.value):
-                m.d.comb += bth_op.eq(BthOpcode.READ_REQUEST.value)
-            with m.Case(WrOpcode.ATOMIC_CMP_AND_SWP.value):
-                m.d.comb += bth_op.eq(BthOpcode.COMPARE_SWAP.value)
-            with m.Default():
-                m.d.comb += bth_op.eq(BthOpcode.FETCH_ADD.value)
-        single = Signal()          # READ / atomic: one packet, no payload
-        m.d.comb += single.eq(is_read | is_atomic)
-        pkt_last = Signal()
-        m.d.comb += pkt_last.eq(single | seg_last)
-        paylen = Signal(16)
-        m.d.comb += paylen.eq(Mux(single, 0, seg_len))
-
+        # ---------------- request packet fields (hw/rnic/request_header.py)
+        m.submodules.req_header = hdr = RequestHeader(cfg.mtu)
         skip_bytes = Signal(32)      # READ resumed after skip_bytes of response data
-        meta = Signal(formats.PKT_META)
+        seg_len, pkt_last, paylen = hdr.seg_len, hdr.last, hdr.paylen
+        m.d.comb += [hdr.wqe.eq(wqe), hdr.op.eq(chk.op), hdr.ctx.eq(ctx), hdr.qpn.eq(cur),
+                     hdr.node_id.eq(self.node_id), hdr.seg_left.eq(seg_left),
+                     hdr.seg_first.eq(seg_first), hdr.seg_psn.eq(seg_psn),
+                     hdr.skip_bytes.eq(skip_bytes)]
         msg_slot = Signal(mo_bits)     # tracker slot of the message being sent
-        m.d.comb += [desc.payload.meta.eq(meta), desc.payload.qpn.eq(cur),
-                     desc.payload.slot.eq(msg_slot), emit.res_len.eq(seg_len)]
-        m.d.comb += [
-            meta.opcode.eq(bth_op),
-            meta.src_node.eq(self.node_id),
-            meta.dst_node.eq(ctx.dest_node),
-            # solicited event: last packet of a SEND or of a WRITE with immediate
-            meta.se.eq(pkt_last & wqe.flags[2] & (with_imm | (op == WrOpcode.SEND.value))),
-            meta.ackreq.eq(pkt_last),
-            meta.dest_qpn.eq(ctx.dest_qpn),
-            meta.psn.eq(seg_psn),
-            meta.udp_sport.eq(0xC000 | cur),
-            meta.va.eq(wqe.remote_addr + skip_bytes),
-            meta.rkey.eq(wqe.rkey),
-            meta.dma_len.eq(wqe.length - skip_bytes),
-            meta.swap_add.eq(Mux(op == WrOpcode.ATOMIC_CMP_AND_SWP.value, wqe.swap,
-                                 wqe.compare_add)),
-            meta.compare.eq(Mux(op == WrOpcode.ATOMIC_CMP_AND_SWP.value, wqe.compare_add, 0)),
-            meta.imm.eq(wqe.imm),
-            meta.paylen.eq(paylen),
-            self.pay_rd.req.payload.addr.eq(seg_addr),
-            self.pay_rd.req.payload.len.eq(seg_len),
-            self.pay_rd.req.payload.tag.eq(0),
-        ]
+        m.d.comb += [desc.payload.meta.eq(hdr.meta), desc.payload.qpn.eq(cur),
+                     desc.payload.slot.eq(msg_slot), emit.res_len.eq(seg_len),
+                     self.pay_rd.req.payload.addr.eq(seg_addr),
+                     self.pay_rd.req.payload.len.eq(seg_len),
+                     self.pay_rd.req.payload.tag.eq(0)]
 
-        # ---------------- response classification
-        rx_op = rxm.opcode
+        # ---------------- response classification (hw/rnic/response_check.py)
+        m.submodules.resp_check = rchk = ResponseCheck(cfg.mtu)
+        m.d.comb += [rchk.rxm.eq(rxm), rchk.head.eq(rent), rchk.nonempty.eq(rnonempty),
+                     rchk.length.eq(rinfo.length), rchk.hi_psn.eq(hi_psn[rcur])]
+        rc = rchk.o
         syn = rxm.syndrome
-        is_ack = Signal()
-        m.d.comb += is_ack.eq(rx_op == BthOpcode.ACKNOWLEDGE.value)
-        is_nak = Signal()
-        m.d.comb += is_nak.eq(is_ack & (syn[5:7] != 0))
-        is_rresp = Signal()
-        m.d.comb += is_rresp.eq((rx_op >= BthOpcode.READ_RESPONSE_FIRST.value)
-                                & (rx_op <= BthOpcode.READ_RESPONSE_ONLY.value))
-        rresp_end = Signal()
-        m.d.comb += rresp_end.eq((rx_op == BthOpcode.READ_RESPONSE_LAST.value)
-                                 | (rx_op == BthOpcode.READ_RESPONSE_ONLY.value))
-        is_aack = Signal()
-        m.d.comb += is_aack.eq(rx_op == BthOpcode.ATOMIC_ACKNOWLEDGE.value)
-        nak_status = Signal(5)
-        is_seq_nak = Signal()
-        m.d.comb += is_seq_nak.eq(is_nak & (syn == formats.AethSyndrome.NAK_PSN_SEQ_ERR.value))
-        is_rnr = Signal()
-        m.d.comb += is_rnr.eq(is_ack & (syn[5:7] == 0b01))
-        with m.Switch(syn):
-            with m.Case(formats.AethSyndrome.NAK_INV_REQ.value):
-                m.d.comb += nak_status.eq(WcStatus.REM_INV_REQ_ERR.value)
-            with m.Case(formats.AethSyndrome.NAK_REM_ACCESS_ERR.value):
-                m.d.comb += nak_status.eq(WcStatus.REM_ACCESS_ERR.value)
-            with m.Case(formats.AethSyndrome.NAK_REM_OP_ERR.value):
-                m.d.comb += nak_status.eq(WcStatus.REM_OP_ERR.value)
-            with m.Case(formats.AethSyndrome.NAK_PSN_SEQ_ERR.value):
-                m.d.comb += nak_status.eq(WcStatus.RETRY_EXC_ERR.value)
-            with m.Case(formats.AethSyndrome.NAK_INV_RD_REQ.value):
-                m.d.comb += nak_status.eq(WcStatus.REM_INV_RD_REQ_ERR.value)
-            with m.Case("-01-----"):
-                m.d.comb += nak_status.eq(WcStatus.RNR_RETRY_EXC_ERR.value)
-            with m.Default():
-                m.d.comb += nak_status.eq(WcStatus.REM_OP_ERR.value)
-        head_ws = Signal()
-        m.d.comb += head_ws.eq(rnonempty & (rent.opcode <= WrOpcode.SEND_WITH_IMM.value)
-                               & (rent.status == 0))
-        # ACK: everything up to and including P; NAK / responses: strictly before P
-        ack_covers = Signal()
-        m.d.comb += ack_covers.eq(Mux(is_ack & ~is_nak, psn_le(rent.last_psn, rxm.psn),
-                                      psn_le(rent.last_psn, rxm.psn) & (rent.last_psn != rxm.psn)))
-        # a PSN sequence NAK inside the head WRITE/SEND: the packets the responder has
-        nak_off = Signal(24)
-        m.d.comb += nak_off.eq(rxm.psn - rent.first_psn)
-        nak_more = Signal()          # ... more of them than the tracker knows
-        m.d.comb += nak_more.eq(head_ws & psn_le(rent.first_psn, rxm.psn)
-                                & psn_le(rxm.psn, rent.last_psn)
-                                & (nak_off > rent.rcv) & (nak_off < (1 << 16)))
-        rx_off = Signal(64)
-        m.d.comb += rx_off.eq(((rxm.psn - rent.first_psn)[:24]) << mtu_bits)
-        rresp_in = Signal()          # a response packet of the head READ
-        m.d.comb += rresp_in.eq(rnonempty & (rent.status == 0)
-                                & (rent.opcode == WrOpcode.RDMA_READ.value)
-                                & psn_le(rent.first_psn, rxm.psn) & psn_le(rxm.psn, rent.last_psn))
-        rresp_next = Signal(24)      # the response packet expected next (they come in order)
-        m.d.comb += rresp_next.eq(rent.first_psn + rent.rcv)
-        # the expected packet: the opcode must fit its place (the message's first packet
-        # FIRST/ONLY, one before the last FIRST (a resumed READ starts again with FIRST) or
-        # MIDDLE, the last LAST/ONLY; IBA 9.7.5.1.3) and its length the request's (MTU bytes
-        # before the last, the rest in the last)
-        rresp_at = Signal()
-        m.d.comb += rresp_at.eq(rresp_in & (rxm.psn == rresp_next))
-        at_last = rxm.psn == rent.last_psn
-        op_first = rx_op == BthOpcode.READ_RESPONSE_FIRST.value
-        op_mid = rx_op == BthOpcode.READ_RESPONSE_MIDDLE.value
-        rresp_form = Signal()
-        m.d.comb += rresp_form.eq(
-            Mux(at_last, rresp_end, op_first | op_mid)
-            & ~((rent.rcv == 0) & ~op_first & ~(rx_op == BthOpcode.READ_RESPONSE_ONLY.value))
-            & Mux(at_last, rx_off + rxm.paylen == rinfo.length, rxm.paylen == cfg.mtu))
-        rresp_match = Signal()
-        m.d.comb += rresp_match.eq(rresp_at & rresp_form)
-        # a response of the wrong kind for the head message, or its READ's expected packet
-        # malformed: bad response (IBA 9.7.5.1.3, C9-114): the WR fails, the QP goes to ERR
-        head_read = rent.opcode == WrOpcode.RDMA_READ.value
-        head_atomic = ((rent.opcode == WrOpcode.ATOMIC_CMP_AND_SWP.value)
-                       | (rent.opcode == WrOpcode.ATOMIC_FETCH_AND_ADD.value))
-        in_head = (rnonempty & (rent.status == 0) & psn_le(rent.first_psn, rxm.psn)
-                   & psn_le(rxm.psn, rent.last_psn))
-        bad_resp = Signal()
-        m.d.comb += bad_resp.eq((rresp_at & ~rresp_form)
-                                | (in_head & ((is_rresp & ~head_read) | (is_aack & ~head_atomic))))
-        # a later response packet: an earlier one was lost (implied NAK, IBA 9.7.5.1.5)
-        rresp_gap = Signal()
-        m.d.comb += rresp_gap.eq(rresp_in & (rxm.psn != rresp_next) & psn_le(rresp_next, rxm.psn))
-        # an ACK or NAK for a PSN this QP has not sent: it answers nothing (dropped)
-        ack_ghost = Signal()
-        m.d.comb += ack_ghost.eq(is_ack & ~psn_le(rxm.psn, hi_psn[rcur]))
-        # an ACK at or beyond the head READ / atomic whose response has not come: the
-        # response was lost (implied NAK, IBA 9.7.5.1.5): retransmit from it at once
-        implied_nak = Signal()
-        m.d.comb += implied_nak.eq(is_ack & ~is_nak & rnonempty & (rent.status == 0)
-                                   & (rent.opcode >= WrOpcode.RDMA_READ.value)
-                                   & (rent.opcode <= WrOpcode.ATOMIC_FETCH_AND_ADD.value)
-                                   & psn_le(rent.first_psn, rxm.psn))
-        aack_match = Signal()
-        m.d.comb += aack_match.eq(rnonempty & (rent.status == 0)
-                                  & ((rent.opcode == WrOpcode.ATOMIC_CMP_AND_SWP.value)
-                                     | (rent.opcode == WrOpcode.ATOMIC_FETCH_AND_ADD.value))
-                                  & (rent.first_psn == rxm.psn))
+        is_ack = rc.is_ack
+        is_nak = rc.is_nak
+        is_rresp = rc.is_rresp
+        rresp_end = rc.rresp_end
+        is_aack = rc.is_aack
+        nak_status = rc.nak_status
+        is_seq_nak = rc.is_seq_nak
+        is_rnr = rc.is_rnr
+        head_ws = rc.head_ws
+        ack_covers = rc.ack_covers
+        nak_off = rc.nak_off
+        nak_more = rc.nak_more
+        rx_off = rc.rx_off
+        rresp_at = rc.rresp_at
+        at_last = rc.at_last
+        rresp_match = rc.rresp_match
+        bad_resp = rc.bad_resp
+        rresp_gap = rc.rresp_gap
+        ack_ghost = rc.ack_ghost
+        implied_nak = rc.implied_nak
+        aack_match = rc.aack_match
 
         # ---------------- send FSM
         sq_mask = Signal(32)
@@ -1033,12 +851,8 @@ class Requester(wiring.Component):
         # READ response, its atomic acknowledge, an ACK covering it); the WQE cache frees it
         m.d.comb += [rx_lk.req.payload.qpn.eq(rcur), rx_lk.req.payload.index.eq(rent.index),
                      rx_lk.req.payload.addr.eq(wqe_addr(rcur, rent.index)),
-                     rx_lk.req.payload.last.eq((rresp_at & rresp_end & at_last)
-                                               | (is_aack & aack_match)
-                                               | (head_ws & ack_covers & ~is_nak))]
-        need_info = Signal()        # the response FSM needs them (else R_LOOK skips the lookup)
-        m.d.comb += need_info.eq(rnonempty & (rent.status == 0) & ~rent.noinfo
-                                 & (rent.signaled | (rent.opcode >= WrOpcode.RDMA_READ.value)))
+                     rx_lk.req.payload.last.eq(rc.last_use)]
+        need_info = rc.need_info    # the response FSM needs them (else R_LOOK skips the lookup)
 
         with m.FSM(name="send") as send_fsm:
             with m.State("IDLE"):
