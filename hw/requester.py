@@ -9,9 +9,17 @@ work requests when the QP enters the Error state (10.3.1, 11.6.3).
 Structure
     * a send FSM (the send engine) serialises the send-side actions: apply a QP event, take a
       doorbell, flush one work request, or send a batch of messages of one QP;
-    * a separate response FSM takes the packets of ``rx`` (ACK/NAK, READ responses, atomic
-      acknowledges) one at a time: it writes READ data and atomic results to ``dma_wr``,
-      completes the acknowledged messages (``cqe``) and raises ``set_err`` on a NAK;
+    * the response engine (:class:`~hw.rnic.response_engine.ResponseEngine`, a component of
+      its own; "the response FSM" below) takes the packets of ``rx`` (ACK/NAK, READ
+      responses, atomic acknowledges) one at a time: it writes READ data and atomic results
+      to ``dma_wr``, completes the acknowledged messages (``cqe``) and raises ``set_err`` on
+      a NAK. It sees the state of the QP it works on (``view``) and reports what happens to
+      it (``ev``); this module owns the per-QP memories and applies those writes;
+    * combinational blocks of their own: the local checks of a WQE
+      (:class:`~hw.rnic.wqe_check.WqeCheck`), the header of each request packet
+      (:class:`~hw.rnic.request_header.RequestHeader`) and, inside the response engine, the
+      classification of a response (:class:`~hw.rnic.response_check.ResponseCheck`); the
+      tracker entry and PSN arithmetic are in hw/rnic/tracker.py;
     * scheduling is event-driven (no logic per QP evaluated every cycle): a ready queue
       (:class:`~hw.lib.ready_queue.ReadyQueue`, each QP queued at most once) holds the QPs
       that may have work. A doorbell, an applied QP event or rewind, a finished batch and
@@ -165,7 +173,7 @@ the QP events); a fenced WQE that may not start yet is dropped and fetched again
 QP's READ/atomic requests have completed.
 """
 
-from amaranth import *
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -173,20 +181,20 @@ from amaranth.utils import bits_for, ceil_log2, exact_log2
 
 from . import formats, regmap
 from .config import NicConfig
-from .formats import BthOpcode, WcOpcode, WcStatus, WrOpcode
+from .formats import WcStatus, WrOpcode
 from .arbiter import StreamArbiter
-from .interfaces import (CQE_REQUEST, CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
+from .interfaces import (CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, PacketOut, QpErrRequest, QpEvent)
 from .lib.mem_array import MemArray
 from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
 from .lib.ready_queue import ReadyQueue
 from .wqe_fetch import WqeFetch
-from .ctx.wqe_cache import WqeCache, WQE_INFO
+from .ctx.wqe_cache import WqeCache
 from .rnic.packet_emitter import PacketEmitter
 from .rnic.request_header import RequestHeader
-from .rnic.response_check import ResponseCheck
-from .rnic.tracker import TRACKER_ENTRY, psn_le
+from .rnic.response_engine import ResponseEngine
+from .rnic.tracker import GATE_ITEM, TRACKER_ENTRY, psn_le, set_cqe, sq_slot_addr
 from .rnic.wqe_check import WqeCheck
 from .lib.priority_merge import PriorityMerge
 from .bf_buffer import BlueFlameBuffer, SQ_BF
@@ -371,15 +379,17 @@ class Requester(wiring.Component):
 
         def wqe_addr(q, index):
             """Host address of send-queue entry ``index`` of QP ``q``."""
-            mask = ((Const(1, 33) << q_sqlog[q]) - 1)[:16]
-            return q_sqb[q] + ((index & mask) << 6)
+            return sq_slot_addr(q_sqb[q], q_sqlog[q], index)
 
         def count(q):
             return (tail[q] - head[q])[:mo_bits + 1]
 
         # ---------------- response FSM registers (declared early: the interlocks use them)
-        rcur = Signal(self.qpn_bits)        # QP of the response being handled
-        rx_busy = Signal()                  # the response FSM is not idle
+        # the response engine (hw/rnic/response_engine.py): the QP it works on, and whether
+        # it is working on that QP's state (the send FSM keeps off it)
+        m.submodules.resp = resp = ResponseEngine(cfg, self.qpn_bits)
+        rcur = resp.qpn
+        rx_busy = resp.busy
 
         inflight = mregs(1, "inflight", ("gq", "tx"), reads=3)      # a fetched batch of this QP is queued or being sent
 
@@ -414,17 +424,6 @@ class Requester(wiring.Component):
         seg_first = Signal()
         meta_done = Signal()
         req_done = Signal()
-        # ---------------- response FSM registers
-        rxm = Signal(formats.PKT_META)
-        rcqe_reg = Signal(formats.CQE)
-        rcqe_ret_ack = Signal()      # after the CQE go back to R_ACK (else R_IDLE)
-        rcqe_silent = Signal()       # an unsignaled success: announced only if it failed
-        rx_addr = Signal(64)
-        rx_complete = Signal()       # this response completes the head message
-        rinfo = Signal(WQE_INFO)     # the head message's WQE fields (from the WQE cache)
-        rinfo_ok = Signal()          # rinfo holds the fields of WQE rinfo_idx of rcur
-        rinfo_idx = Signal(16)
-
         # ---------------- lookups
         # the context of cur: taken with its batch from fq (looked up when the batch was
         # issued), or looked up by the send FSM itself for a flush (FL_CTX)
@@ -440,38 +439,12 @@ class Requester(wiring.Component):
         ent = trk_rd.data
         nonempty = Signal()
         m.d.comb += nonempty.eq(count(cur) != 0)
-        # a payload error names its message's tracker slot (perr_slot), else the head
-        in_perr = Signal()
-        perr_v = emit.perr.valid
-        perr_q = emit.perr.payload.qpn
-        perr_slot = emit.perr.payload.slot
-        perr_psn = emit.perr.payload.psn
-        r_slot = Signal(mo_bits)
-        m.d.comb += [r_slot.eq(Mux(in_perr, perr_slot, head[rcur][:mo_bits])),
-                     trk_rrd.addr.eq(Cat(r_slot, rcur))]
-        rent = trk_rrd.data
-        rnonempty = Signal()
-        m.d.comb += rnonempty.eq(count(rcur) != 0)
+        wiring.connect(m, emit.perr, resp.perr)
+        wiring.connect(m, wiring.flipped(self.rx), resp.rx)
+        m.d.comb += [trk_rrd.addr.eq(resp.trk_addr), resp.trk_data.eq(trk_rrd.data)]
 
         rd_lim = Signal(5)
         m.d.comb += rd_lim.eq(Mux(ctx.max_rd_atomic == 0, 16, ctx.max_rd_atomic))
-
-        def wc_opcode(op):
-            return Mux(op <= WrOpcode.RDMA_WRITE_WITH_IMM.value, WcOpcode.RDMA_WRITE.value,
-                   Mux(op == WrOpcode.RDMA_READ.value, WcOpcode.RDMA_READ.value,
-                   Mux(op == WrOpcode.ATOMIC_CMP_AND_SWP.value, WcOpcode.COMP_SWAP.value,
-                   Mux(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value, WcOpcode.FETCH_ADD.value,
-                       WcOpcode.SEND.value))))
-
-        def set_cqe(reg, q, wr_id, status, opcode, byte_len):
-            return [
-                reg.eq(0),
-                reg.wr_id.eq(wr_id),
-                reg.status.eq(status),
-                reg.opcode.eq(wc_opcode(opcode)),
-                reg.byte_len.eq(Mux(status == 0, byte_len, 0)),
-                reg.qpn.eq(q),
-            ]
 
         def pop_head(port, q):
             """Remove the head message of QP q; it is completed (comb: the write ports). The
@@ -482,6 +455,7 @@ class Requester(wiring.Component):
         # ---------------- transport timers (local ACK timeout, RNR wait)
         m.submodules.timer = timer = RetryTimer(nq, max(1, cfg.cycles(TICK_NS)))
         tx_kick = Signal()            # the send FSM restarts the ACK timer of cur
+        tx_retry_exc = Signal()       # the send FSM counts an exhausted retry_cnt
         rx_kick = Signal()            # the response FSM made progress on rcur
         # the ACK timer of the QP it scans runs while requests are outstanding; not while a
         # rewind waits to be applied (it restarts the timer). Evaluated at that one QP.
@@ -506,7 +480,7 @@ class Requester(wiring.Component):
         # send FSM's commit (+1, fence set), the response FSM's completion (-1) and a reset
         tx_rd_inc = Signal()
         tx_fence_set = Signal()
-        rx_rd_dec = Signal()
+        rx_rd_dec = resp.ev.rd_dec
         ev_rst_rd = Signal()
         rw_rst_rd = Signal()          # a rewind of cur: its READ/atomic requests are gone
         ev_sel = Signal(self.qpn_bits)
@@ -532,22 +506,18 @@ class Requester(wiring.Component):
         # Completions then pass the write gate: a CQE leaves only once the data the requester
         # wrote for its WR (READ data, atomic result) is answered by the host, and a failed
         # write turns it into LOC_PROT_ERR and its QP to ERR.
-        GATE_ITEM = data.StructLayout({"req": CQE_REQUEST, "silent": 1})
         m.submodules.gate = gate = WriteGate(GATE_ITEM, self.qpn_bits, depth=cfg.gate_depth)
-        wr, wr_done = self.dma_wr.wr, self.dma_wr.done
+        wr = self.dma_wr.wr
+        wiring.connect(m, resp.wr, wiring.flipped(wr))     # only the response engine writes
         wiring.connect(m, wiring.flipped(self.dma_wr.done), gate.done)
         m.d.comb += gate.wr_issued.eq(wr.valid & wr.ready & wr.payload.last)
         # i[0] the response FSM (priority), i[1] the send FSM (hw/lib/priority_merge.py)
         m.submodules.cqe_merge = cqe_merge = PriorityMerge(gate.i.payload.shape())
         wiring.connect(m, cqe_merge.o, gate.i)
-        rx_cq, tx_cq = cqe_merge.i
-        rx_cqe_v, tx_cqe_v = rx_cq.valid, tx_cq.valid
-        rx_cqe_rdy, tx_cqe_rdy = rx_cq.ready, tx_cq.ready
+        wiring.connect(m, resp.cqe, cqe_merge.i[0])
+        tx_cq = cqe_merge.i[1]
+        tx_cqe_v, tx_cqe_rdy = tx_cq.valid, tx_cq.ready
         m.d.comb += [
-            rx_cq.payload.item.req.cqn.eq(qcq[rcur]),
-            rx_cq.payload.item.req.cqe.eq(rcqe_reg),
-            rx_cq.payload.item.silent.eq(rcqe_silent),
-            rx_cq.payload.key.eq(rcur),
             tx_cq.payload.item.req.cqn.eq(ctx.send_cq),
             tx_cq.payload.item.req.cqe.eq(cqe_reg),
             tx_cq.payload.key.eq(cur),
@@ -556,21 +526,19 @@ class Requester(wiring.Component):
         m.submodules.err_arb = err_arb = StreamArbiter(data.StructLayout({"qpn": 24}), 2)
         m.submodules.err_merge = err_merge = PriorityMerge(data.StructLayout({"qpn": 24}))
         wiring.connect(m, err_merge.o, err_arb.i[0])
-        rx_er, tx_er = err_merge.i
-        rx_err_v, tx_err_v = rx_er.valid, tx_er.valid
-        rx_err_rdy, tx_err_rdy = rx_er.ready, tx_er.ready
-        m.d.comb += [rx_er.payload.qpn.eq(rcur), tx_er.payload.qpn.eq(cur)]
+        wiring.connect(m, resp.err, err_merge.i[0])
+        tx_er = err_merge.i[1]
+        tx_err_v, tx_err_rdy = tx_er.valid, tx_er.ready
+        m.d.comb += tx_er.payload.qpn.eq(cur)
         wiring.connect(m, err_arb.o, wiring.flipped(self.set_err))
 
         # gate output: a completion whose WR's data write failed becomes LOC_PROT_ERR (even an
         # unsignaled one) and then asks for its QP to go to ERR; a silent success vanishes
         go = gate.o.payload
-        pay_err_stat = Signal()
         gate_err_stat = Signal()
         wqe_err_stat = Signal()
-        reread_err_stat = Signal()
-        m.d.comb += self.stat_dma_err.eq(pay_err_stat + gate_err_stat + wqe_err_stat
-                                         + reread_err_stat)
+        m.d.comb += self.stat_dma_err.eq(resp.stat_pay_err + gate_err_stat + wqe_err_stat
+                                         + resp.stat_reread_err)
         g_cqe = Signal(formats.CQE)
         g_err_sent = Signal()          # the failed completion has left, the ERR request waits
         m.d.comb += [g_cqe.eq(go.item.req.cqe), gate.clear.eq(1)]
@@ -597,11 +565,10 @@ class Requester(wiring.Component):
         tx_trk_we = Signal()
         tx_trk_head = Signal()        # the send FSM writes the head entry (retry exceeded)
         tx_trk_data = Signal(TRACKER_ENTRY)
-        rx_trk_we = Signal()
-        rx_trk_data = Signal(TRACKER_ENTRY)
+        rx_trk_we, rx_trk_data = resp.trk_we, resp.trk_wdata
         m.d.comb += [
             trk_wr.en.eq(rx_trk_we | tx_trk_we),
-            trk_wr.addr.eq(Mux(rx_trk_we, Cat(r_slot, rcur),
+            trk_wr.addr.eq(Mux(rx_trk_we, resp.trk_addr,
                                Mux(tx_trk_head, Cat(head[cur][:mo_bits], cur),
                                    Cat(tail[cur][:mo_bits], cur)))),
             trk_wr.data.eq(Mux(rx_trk_we, rx_trk_data, tx_trk_data)),
@@ -645,34 +612,6 @@ class Requester(wiring.Component):
                      self.pay_rd.req.payload.addr.eq(seg_addr),
                      self.pay_rd.req.payload.len.eq(seg_len),
                      self.pay_rd.req.payload.tag.eq(0)]
-
-        # ---------------- response classification (hw/rnic/response_check.py)
-        m.submodules.resp_check = rchk = ResponseCheck(cfg.mtu)
-        m.d.comb += [rchk.rxm.eq(rxm), rchk.head.eq(rent), rchk.nonempty.eq(rnonempty),
-                     rchk.length.eq(rinfo.length), rchk.hi_psn.eq(hi_psn[rcur])]
-        rc = rchk.o
-        syn = rxm.syndrome
-        is_ack = rc.is_ack
-        is_nak = rc.is_nak
-        is_rresp = rc.is_rresp
-        rresp_end = rc.rresp_end
-        is_aack = rc.is_aack
-        nak_status = rc.nak_status
-        is_seq_nak = rc.is_seq_nak
-        is_rnr = rc.is_rnr
-        head_ws = rc.head_ws
-        ack_covers = rc.ack_covers
-        nak_off = rc.nak_off
-        nak_more = rc.nak_more
-        rx_off = rc.rx_off
-        rresp_at = rc.rresp_at
-        at_last = rc.at_last
-        rresp_match = rc.rresp_match
-        bad_resp = rc.bad_resp
-        rresp_gap = rc.rresp_gap
-        ack_ghost = rc.ack_ghost
-        implied_nak = rc.implied_nak
-        aack_match = rc.aack_match
 
         # ---------------- send FSM
         sq_mask = Signal(32)
@@ -846,13 +785,7 @@ class Requester(wiring.Component):
         m.d.comb += [fl_lk.req.payload.qpn.eq(cur), fl_lk.req.payload.index.eq(ent.index),
                      fl_lk.req.payload.addr.eq(wqe_addr(cur, ent.index)),
                      fl_lk.req.payload.last.eq(1)]
-        rx_lk = wqec.lk[0]
-        # the WQE's last use: the response completes the head message (the last packet of its
-        # READ response, its atomic acknowledge, an ACK covering it); the WQE cache frees it
-        m.d.comb += [rx_lk.req.payload.qpn.eq(rcur), rx_lk.req.payload.index.eq(rent.index),
-                     rx_lk.req.payload.addr.eq(wqe_addr(rcur, rent.index)),
-                     rx_lk.req.payload.last.eq(rc.last_use)]
-        need_info = rc.need_info    # the response FSM needs them (else R_LOOK skips the lookup)
+        wiring.connect(m, resp.info, wqec.lk[0])
 
         with m.FSM(name="send") as send_fsm:
             with m.State("IDLE"):
@@ -979,7 +912,7 @@ class Requester(wiring.Component):
                             tx_trk_we.eq(1), tx_trk_head.eq(1),
                             tx_trk_data.eq(ent),
                             tx_trk_data.status.eq(WcStatus.RETRY_EXC_ERR.value),
-                            self.stat_retry_exc.eq(1),
+                            tx_retry_exc.eq(1),
                         ]
                         m.d.comb += err.write("tx", cur, 1) + rwd_pend.write("tx", cur, 0)
                         m.next = "SET_ERR"
@@ -1206,259 +1139,41 @@ class Requester(wiring.Component):
                 with m.If(tx_cqe_rdy):
                     m.next = "IDLE"
 
-        # ---------------- response FSM: never waits on tx or on the send FSM
-        rx_flush = flush_cond(self.rx.meta.payload.dest_qpn[:self.qpn_bits], "rx")
-        with m.FSM(name="resp") as resp_fsm:
-            with m.State("R_IDLE"):
-                m.d.comb += self.rx.meta.ready.eq(~perr_v)
-                m.d.sync += rinfo_ok.eq(0)
-                with m.If(perr_v):
-                    m.d.sync += rcur.eq(perr_q)
-                    m.next = "R_PERR"
-                with m.Elif(self.rx.meta.valid):
-                    rq = self.rx.meta.payload.dest_qpn
-                    rqi = rq[:self.qpn_bits]
-                    m.d.sync += [rxm.eq(self.rx.meta.payload), rcur.eq(rqi)]
-                    ok = Signal()
-                    # a pending reset or ERR leaves nothing for the response to complete
-                    ev_kills = ev_pend[rqi] & (ev_reset[rqi] | (ev_state[rqi] == formats.QpState.ERR.value))
-                    m.d.comb += ok.eq((rq < nq) & rts[rqi] & ~err[rqi] & ~ev_kills
-                                      & ~rx_flush)
-                    with m.If(ok):
-                        m.next = "R_LOOK"
-                    with m.Else():
-                        m.d.comb += self.stat_resp_drop.eq(1)
-                        with m.If(self.rx.meta.payload.paylen != 0):
-                            m.next = "R_DROP"
-
-            with m.State("R_LOOK"):
-                m.d.comb += rx_busy.eq(1)
-                with m.If(need_info):
-                    m.d.comb += rx_lk.req.valid.eq(1)
-                    with m.If(rx_lk.req.ready):
-                        m.d.sync += rinfo_idx.eq(rent.index)
-                        m.next = "R_INFO"
-                with m.Else():
-                    m.next = "R_ACK"
-
-            with m.State("R_INFO"):
-                m.d.comb += [rx_busy.eq(1), rx_lk.resp.ready.eq(1)]
-                with m.If(rx_lk.resp.valid):
-                    m.d.sync += rinfo.eq(rx_lk.resp.payload.info)
-                    with m.If(rx_lk.resp.payload.err):
-                        # the WQE could not be read again: the WR ends in LOC_QP_OP_ERR (its
-                        # wr_id unknown), the QP goes to ERR; the response is dropped
-                        m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent), reread_err_stat.eq(1),
-                                     rx_trk_data.status.eq(WcStatus.LOC_QP_OP_ERR.value),
-                                     rx_trk_data.noinfo.eq(1)]
-                        m.d.comb += err.write("rx", rcur, 1)
-                        with m.If(rxm.paylen != 0):
-                            m.next = "R_BAD_DROP"
-                        with m.Else():
-                            m.next = "R_ERR"
-                    with m.Else():
-                        m.d.sync += rinfo_ok.eq(1)
-                        m.next = "R_ACK"
-
-            with m.State("R_ACK"):
-                m.d.comb += rx_busy.eq(1)
-                with m.If(need_info & ~(rinfo_ok & (rinfo_idx == rent.index))):
-                    # the head changed since R_LOOK (the send FSM put a message into the
-                    # empty queue, e.g. one sent again after a rewind): look its WQE up
-                    m.next = "R_LOOK"
-                with m.Elif(ack_ghost):
-                    m.d.comb += self.stat_resp_drop.eq(1)
-                    m.next = "R_IDLE"
-                with m.Elif(head_ws & ack_covers):
-                    # implicit or explicit acknowledgement of a WRITE/SEND
-                    m.d.comb += pop_head("rx", rcur)
-                    progress()
-                    with m.If(rent.signaled):
-                        m.d.sync += set_cqe(rcqe_reg, rcur, rinfo.wr_id, 0, rent.opcode, rinfo.length)
-                        m.d.sync += [rcqe_ret_ack.eq(1), rcqe_silent.eq(0)]
-                        m.next = "R_CQE"
-                    with m.Else():
-                        m.next = "R_LOOK"      # the next message, if the ACK covers it
-                with m.Elif(is_seq_nak):
-                    # PSN sequence error: go back to the oldest outstanding message (once
-                    # per retransmission: later NAKs of the same gap are ignored)
-                    m.d.comb += self.stat_nak_rx.eq(1)
-                    # A NAK that shows the responder further inside the head WRITE/SEND
-                    # than known is taken even during a retransmission: it is about the
-                    # retransmitted packets, not a second NAK of the gap already rewound.
-                    with m.If(rnonempty & (~rtx_started[rcur] | nak_more) & ~rnr_wait[rcur]):
-                        # the responder got part of a WRITE/SEND (it expects a PSN inside
-                        # the message): progress, not counted against retry_cnt
-                        inside = head_ws & (rxm.psn != rent.first_psn)
-                        m.d.comb += (rwd_pend.write("rx", rcur, 1)
-                                     + rwd_cnt.write("rx", rcur, ~inside))
-                        with m.If(inside):
-                            m.d.comb += retry_used.write("rx", rcur, 0)
-                        with m.If(nak_more):
-                            # the rewind resends from the NAK's PSN
-                            m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
-                                         rx_trk_data.rcv.eq(nak_off)]
-                    m.next = "R_IDLE"
-                with m.Elif(is_rnr & (~rnonempty | rnr_wait[rcur])):
-                    m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1)]
-                    m.next = "R_IDLE"
-                with m.Elif(is_rnr & ((rnr_used[rcur] != q_rnr[rcur]) | (q_rnr[rcur] == 7))):
-                    # RNR NAK (IBA 9.7.5.2.8): wait the coded time, then retransmit
-                    m.d.comb += [
-                        self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1),
-                        timer.rnr.valid.eq(1),
-                        timer.rnr.payload.qpn.eq(rcur),
-                        timer.rnr.payload.code.eq(syn[:5]),
-                    ]
-                    m.d.comb += (rnr_wait.write("rx", rcur, 1)
-                                 + rnr_used.write("rx", rcur, rnr_used[rcur] + 1))
-                    m.next = "R_IDLE"
-                with m.Elif(is_nak):
-                    # a fatal NAK, or an RNR NAK with rnr_retry exhausted
-                    m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(is_rnr),
-                                 self.stat_retry_exc.eq(is_rnr & rnonempty)]
-                    with m.If(rnonempty):
-                        m.d.comb += [
-                            rx_trk_we.eq(1),
-                            rx_trk_data.eq(rent),
-                            rx_trk_data.status.eq(nak_status),
-                        ]
-                        m.d.comb += err.write("rx", rcur, 1)
-                        m.next = "R_ERR"
-                    with m.Else():
-                        m.next = "R_IDLE"
-                with m.Elif(implied_nak):
-                    with m.If(~rtx_started[rcur] & ~rnr_wait[rcur]):
-                        m.d.comb += rwd_pend.write("rx", rcur, 1) + rwd_cnt.write("rx", rcur, 1)
-                    m.next = "R_IDLE"
-                with m.Elif(is_ack):
-                    m.next = "R_IDLE"
-                with m.Elif(bad_resp):
-                    m.d.comb += [self.stat_resp_drop.eq(1), rx_trk_we.eq(1),
-                                 rx_trk_data.eq(rent),
-                                 rx_trk_data.status.eq(WcStatus.BAD_RESP_ERR.value)]
-                    m.d.comb += err.write("rx", rcur, 1)
-                    with m.If(rxm.paylen != 0):
-                        m.next = "R_BAD_DROP"
-                    with m.Else():
-                        m.next = "R_ERR"
-                with m.Elif(is_rresp & rresp_match):
-                    # count the packet in the head entry (the next one must follow it)
-                    m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent),
-                                 rx_trk_data.rcv.eq(rent.rcv + 1)]
-                    progress()
-                    m.d.sync += [rx_addr.eq(rinfo.local_addr + rx_off), rx_complete.eq(rresp_end)]
-                    with m.If(rxm.paylen != 0):
-                        m.next = "R_DATA"
-                    with m.Else():
-                        m.next = "R_DONE"
-                with m.Elif(is_rresp & rresp_gap):
-                    # a READ response packet was lost: retransmit without waiting for the
-                    # timeout
-                    m.d.comb += self.stat_resp_drop.eq(1)
-                    with m.If(~rtx_started[rcur] & ~rnr_wait[rcur]):
-                        m.d.comb += rwd_pend.write("rx", rcur, 1) + rwd_cnt.write("rx", rcur, 1)
-                    with m.If(rxm.paylen != 0):
-                        m.next = "R_DROP"
-                    with m.Else():
-                        m.next = "R_IDLE"
-                with m.Elif(is_aack & aack_match):
-                    m.d.sync += [rx_addr.eq(rinfo.local_addr), rx_complete.eq(1)]
-                    m.next = "R_ATOMIC"
-                with m.Elif(rxm.paylen != 0):
-                    m.d.comb += self.stat_resp_drop.eq(1)
-                    m.next = "R_DROP"
-                with m.Else():
-                    m.d.comb += self.stat_resp_drop.eq(~is_ack)
-                    m.next = "R_IDLE"
-
-            with m.State("R_DATA"):
-                m.d.comb += [
-                    rx_busy.eq(1),
-                    wr.valid.eq(self.rx.payload.valid),
-                    wr.payload.addr.eq(rx_addr),
-                    wr.payload.len.eq(rxm.paylen),
-                    wr.payload.tag.eq(rcur),
-                    wr.payload.data.eq(self.rx.payload.payload.data),
-                    wr.payload.nbytes.eq(self.rx.payload.payload.nbytes),
-                    wr.payload.last.eq(self.rx.payload.payload.last),
-                    self.rx.payload.ready.eq(wr.ready),
-                ]
-                with m.If(self.rx.payload.valid & wr.ready & self.rx.payload.payload.last):
-                    m.next = "R_DONE"
-
-            with m.State("R_ATOMIC"):
-                m.d.comb += [
-                    rx_busy.eq(1),
-                    wr.valid.eq(1),
-                    wr.payload.addr.eq(rx_addr),
-                    wr.payload.len.eq(8),
-                    wr.payload.tag.eq(rcur),
-                    wr.payload.data.eq(rxm.orig),
-                    wr.payload.nbytes.eq(8),
-                    wr.payload.last.eq(1),
-                ]
-                with m.If(wr.ready):
-                    m.next = "R_DONE"
-
-            with m.State("R_DONE"):
-                m.d.comb += rx_busy.eq(1)
-                with m.If(rx_complete):
-                    # a READ/atomic completed: pop it and give back its credit
-                    m.d.comb += pop_head("rx", rcur)
-                    progress()
-                    m.d.comb += rx_rd_dec.eq(1)
-                    # an unsignaled READ/atomic still passes a (silent) completion through
-                    # the write gate: if the write of its data fails, it completes in error
-                    m.d.sync += set_cqe(rcqe_reg, rcur, rinfo.wr_id, 0, rent.opcode,
-                                        Mux(rent.opcode == WrOpcode.RDMA_READ.value,
-                                            rinfo.length, 8))
-                    m.d.sync += [rcqe_ret_ack.eq(0), rcqe_silent.eq(~rent.signaled)]
-                    m.next = "R_CQE"
-                with m.Else():
-                    m.next = "R_IDLE"
-
-            with m.State("R_PERR"):
-                # the host failed a packet's payload read: its message (if still there, in
-                # this incarnation of the QP) fails with LOC_PROT_ERR, the QP goes to ERR
-                m.d.comb += [rx_busy.eq(1), in_perr.eq(1), emit.perr.ready.eq(1)]
-                kills = ev_pend[rcur] & (ev_reset[rcur] | (ev_state[rcur] == formats.QpState.ERR.value))
-                there = ((perr_slot - head[rcur][:mo_bits])[:mo_bits] < count(rcur))
-                mine = (rts[rcur] & ~err[rcur] & ~kills & there & (rent.status == 0)
-                        & psn_le(rent.first_psn, perr_psn) & psn_le(perr_psn, rent.last_psn))
-                with m.If(mine):
-                    # the WR ends here (counted once, whatever packets of it failed)
-                    m.d.comb += [rx_trk_we.eq(1), rx_trk_data.eq(rent), pay_err_stat.eq(1),
-                                 rx_trk_data.status.eq(WcStatus.LOC_PROT_ERR.value)]
-                    m.d.comb += err.write("rx", rcur, 1)
-                    m.next = "R_ERR"
-                with m.Else():
-                    m.next = "R_IDLE"
-
-            with m.State("R_DROP"):
-                # the payload of a dropped response (no QP state is touched: not busy)
-                m.d.comb += self.rx.payload.ready.eq(1)
-                with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
-                    m.next = "R_IDLE"
-
-            with m.State("R_BAD_DROP"):
-                # the payload of a bad response, then the QP's error
-                m.d.comb += [rx_busy.eq(1), self.rx.payload.ready.eq(1)]
-                with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
-                    m.next = "R_ERR"
-
-            with m.State("R_CQE"):
-                m.d.comb += [rx_busy.eq(1), rx_cqe_v.eq(1)]
-                with m.If(rx_cqe_rdy):
-                    with m.If(rcqe_ret_ack):
-                        m.next = "R_LOOK"
-                    with m.Else():
-                        m.next = "R_IDLE"
-
-            with m.State("R_ERR"):
-                m.d.comb += [rx_busy.eq(1), rx_err_v.eq(1)]
-                with m.If(rx_err_rdy):
-                    m.next = "R_IDLE"
+        # ---------------- the response engine: its QP's state, and what it does to it
+        rqi = self.rx.meta.payload.dest_qpn[:self.qpn_bits]
+        rx_ev_kills = ev_pend[rqi] & (ev_reset[rqi] | (ev_state[rqi] == formats.QpState.ERR.value))
+        m.d.comb += resp.rx_ok.eq((self.rx.meta.payload.dest_qpn < nq) & rts[rqi] & ~err[rqi]
+                                  & ~rx_ev_kills & ~flush_cond(rqi, "rx"))
+        rv = resp.view
+        m.d.comb += [
+            rv.head.eq(head[rcur]), rv.count.eq(count(rcur)), rv.hi_psn.eq(hi_psn[rcur]),
+            rv.rtx_started.eq(rtx_started[rcur]), rv.rnr_wait.eq(rnr_wait[rcur]),
+            rv.rnr_used.eq(rnr_used[rcur]), rv.rnr_retry.eq(q_rnr[rcur]),
+            rv.send_cq.eq(qcq[rcur]), rv.sq_base.eq(q_sqb[rcur]), rv.sq_log.eq(q_sqlog[rcur]),
+            rv.rts.eq(rts[rcur]), rv.err.eq(err[rcur]),
+            rv.kills.eq(ev_pend[rcur] & (ev_reset[rcur]
+                                         | (ev_state[rcur] == formats.QpState.ERR.value))),
+        ]
+        rev = resp.ev
+        with m.If(rev.pop):
+            m.d.comb += pop_head("rx", rcur)
+        with m.If(rev.progress):
+            progress()
+        with m.If(rev.retry_clear):
+            m.d.comb += retry_used.write("rx", rcur, 0)
+        with m.If(rev.set_err):
+            m.d.comb += err.write("rx", rcur, 1)
+        with m.If(rev.rewind):
+            m.d.comb += (rwd_pend.write("rx", rcur, 1)
+                         + rwd_cnt.write("rx", rcur, rev.rewind_counts))
+        with m.If(rev.rnr):
+            # RNR NAK (IBA 9.7.5.2.8): the timer waits the coded time, then a rewind
+            m.d.comb += (rnr_wait.write("rx", rcur, 1)
+                         + rnr_used.write("rx", rcur, rnr_used[rcur] + 1))
+        m.d.comb += [timer.rnr.valid.eq(rev.rnr), timer.rnr.payload.qpn.eq(rcur),
+                     timer.rnr.payload.code.eq(resp.rnr_code)]
+        for name in ("stat_resp_drop", "stat_nak_rx", "stat_rnr_rx"):
+            m.d.comb += getattr(self, name).eq(getattr(resp, name))
 
         # ---------------- timer expirations (after the FSMs: a request set here wins)
         with m.If(timer.expire_valid):
@@ -1502,5 +1217,6 @@ class Requester(wiring.Component):
         for r in mems:
             m.d.comb += r.read_addrs()
         m.d.comb += [self.stat_busy_send.eq(~send_fsm.ongoing("IDLE")),
-                     self.stat_busy_resp.eq(~resp_fsm.ongoing("R_IDLE"))]
+                     self.stat_busy_resp.eq(resp.active),
+                     self.stat_retry_exc.eq(tx_retry_exc | resp.stat_retry_exc)]
         return m

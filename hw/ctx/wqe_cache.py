@@ -54,11 +54,22 @@ from ..formats import WQE, WQE_BYTES
 from ..interfaces import DmaReadPort
 from ..lib.cache import CacheOp, SetAssocCache
 
-__all__ = ["WqeCache", "WQE_INFO", "FILL_DEPTH", "wqe_set"]
+__all__ = ["WqeCache", "WqeLookup", "WQE_INFO", "FILL_DEPTH", "wqe_set"]
 
 #: What a lookup answers: the fields of the WQE the response path and the flush need.
 WQE_INFO = data.StructLayout({"wr_id": 64, "local_addr": 64, "length": 32})
 FILL_DEPTH = 4
+
+
+def WqeLookup(qpn_bits):
+    """A lookup port of the WQE cache (the client's side): ``req`` {qpn, index, addr (of
+    the send-queue slot, read on a miss), last (the WQE's last use: free it)}, ``resp``
+    {info, err (the WQE could not be read again)}."""
+    return wiring.Signature({
+        "req": Out(stream.Signature(data.StructLayout(
+            {"qpn": qpn_bits, "index": 16, "addr": 64, "last": 1}))),
+        "resp": In(stream.Signature(data.StructLayout({"info": WQE_INFO, "err": 1}))),
+    })
 
 
 def wqe_set(qpn, index, sets, max_rd_atomic, qpn_bits):
@@ -80,15 +91,10 @@ class WqeCache(wiring.Component):
             entry_bytes=WQE_BYTES, key_bits=16 + qpn_bits, sets=cfg.wqe_cache_sets,
             ways=cfg.wqe_cache_ways, policy=cfg.wqe_cache_policy, mshrs=cfg.wqe_cache_mshrs,
             data_bytes=W, id_bits=2, addressed=True)
-        lk_req = data.StructLayout({"qpn": qpn_bits, "index": 16, "addr": 64, "last": 1})
-        lk_resp = data.StructLayout({"info": WQE_INFO, "err": 1})
         self.fill_layout = data.StructLayout({"qpn": qpn_bits, "index": 16, "wqe": WQE})
         super().__init__({
             "fill": In(stream.Signature(self.fill_layout)),
-            "lk": In(wiring.Signature({
-                "req": Out(stream.Signature(lk_req)),
-                "resp": In(stream.Signature(lk_resp)),
-            })).array(2),
+            "lk": In(WqeLookup(qpn_bits)).array(2),
             "dma_rd": Out(DmaReadPort(W)),
             "stat_hit": Out(1),
             "stat_miss": Out(1),

@@ -37,13 +37,19 @@ from .. import formats
 from ..config import NicConfig
 from ..interfaces import PacketOut, beat_layout, dma_rd_data_layout
 
-__all__ = ["PacketEmitter", "desc_layout"]
+__all__ = ["PacketEmitter", "desc_layout", "perr_layout"]
 
 
 def desc_layout(n_qps, max_outstanding):
     """One queued request packet: its header, its QP and its message's tracker slot."""
     return data.StructLayout({"meta": formats.PKT_META, "qpn": max(1, ceil_log2(n_qps)),
                               "slot": exact_log2(max_outstanding)})
+
+
+def perr_layout(n_qps, max_outstanding):
+    """A packet whose payload the host failed to read: its QP, message slot and PSN."""
+    d = desc_layout(n_qps, max_outstanding)
+    return data.StructLayout({"qpn": d["qpn"].shape, "slot": d["slot"].shape, "psn": 24})
 
 
 class PacketEmitter(wiring.Component):
@@ -57,8 +63,7 @@ class PacketEmitter(wiring.Component):
         #: payload buffer, beats: ``cfg.pay_buffers`` full packets
         self.pay_beats = cfg.pay_buffers * cfg.mtu // W
         self.desc_layout = desc_layout(cfg.n_qps, cfg.max_outstanding)
-        perr = data.StructLayout({"qpn": self.desc_layout["qpn"].shape,
-                                  "slot": self.desc_layout["slot"].shape, "psn": 24})
+        perr = perr_layout(cfg.n_qps, cfg.max_outstanding)
         super().__init__({
             "desc": In(stream.Signature(self.desc_layout)),
             "pay": In(stream.Signature(dma_rd_data_layout(W))),
