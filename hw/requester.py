@@ -174,19 +174,16 @@ QP's READ/atomic requests have completed.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, memory, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2, exact_log2
+from amaranth.utils import ceil_log2, exact_log2
 
 from . import formats, regmap
 from .config import NicConfig
 from .formats import WcStatus, WrOpcode
-from .arbiter import StreamArbiter
 from .interfaces import (CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, PacketOut, QpErrRequest, QpEvent)
 from .lib.mem_array import MemArray
-from .lib.write_gate import WriteGate
 from .retry_timer import RetryTimer, TICK_NS
 from .lib.ready_queue import ReadyQueue
 from .wqe_fetch import WqeFetch
@@ -194,10 +191,11 @@ from .ctx.wqe_cache import WqeCache
 from .rnic.packet_emitter import PacketEmitter
 from .rnic.request_header import RequestHeader
 from .rnic.response_engine import ResponseEngine
-from .rnic.tracker import GATE_ITEM, TRACKER_ENTRY, psn_le, set_cqe, sq_slot_addr
+from .rnic.tracker import TRACKER_ENTRY, psn_le, set_cqe, sq_slot_addr
 from .rnic.wqe_check import WqeCheck
-from .lib.priority_merge import PriorityMerge
-from .bf_buffer import BlueFlameBuffer, SQ_BF
+from .rnic.completion_gate import CompletionGate
+from .rnic.fetch_issuer import FetchIssuer
+from .bf_buffer import SQ_BF
 
 __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH", "requester_ports"]
 
@@ -290,11 +288,13 @@ class Requester(wiring.Component):
         wk_rx, wk_done, wk_tx = rdy.push
         KF = self.fetch_depth
         m.submodules.fetch = fetch = WqeFetch(W, K * KF)
-        # WQE fetches issued and not yet taken by the send FSM, in issue order (the DMA read
-        # responses come back in that order): {qpn, count, bad, the QP's context} (bad: the
-        # context could not be read, nothing was fetched)
-        m.submodules.fq = fq = SyncFIFOBuffered(
-            width=self.qpn_bits + bits_for(K) + 1 + regmap.QP_CTX.size, depth=KF)
+        # the fetch issuer (hw/rnic/fetch_issuer.py): up to fetch_depth WQE fetches of
+        # different QPs in flight, queued in issue order for the send FSM
+        m.submodules.issuer = iss = FetchIssuer(cfg, self.qpn_bits, KF)
+        wiring.connect(m, rdy.pop, iss.offer)
+        wiring.connect(m, wiring.flipped(self.bf), iss.bf)
+        m.d.comb += [self.stat_bf_hit.eq(iss.stat_bf_hit), self.stat_bf_miss.eq(iss.stat_bf_miss)]
+        wiring.connect(m, iss.qpc, wiring.flipped(self.qpc_fetch))
         wiring.connect(m, fetch.dma, wiring.flipped(self.wqe_rd))
         # send engine -> packet emitter (hw/rnic/packet_emitter.py): header descriptors,
         # payload beats, store and forward
@@ -502,64 +502,30 @@ class Requester(wiring.Component):
                          + fence_wait.write("tx", cur, (fence_wait[cur] | tx_fence_set)
                                             & (nxt_tx != 0)))
 
-        # ---------------- cqe and set_err: shared by both FSMs (sticky two-way arbiters)
-        # Completions then pass the write gate: a CQE leaves only once the data the requester
-        # wrote for its WR (READ data, atomic result) is answered by the host, and a failed
-        # write turns it into LOC_PROT_ERR and its QP to ERR.
-        m.submodules.gate = gate = WriteGate(GATE_ITEM, self.qpn_bits, depth=cfg.gate_depth)
+        # ---------------- completions and QP errors of both FSMs, behind the write gate
+        # (hw/rnic/completion_gate.py): a CQE leaves only once the data the requester wrote
+        # for its WR (READ data, atomic result) is answered by the host, and a failed write
+        # turns it into LOC_PROT_ERR and its QP to ERR.
+        m.submodules.cpl = cpl = CompletionGate(self.qpn_bits, cfg.gate_depth)
         wr = self.dma_wr.wr
         wiring.connect(m, resp.wr, wiring.flipped(wr))     # only the response engine writes
-        wiring.connect(m, wiring.flipped(self.dma_wr.done), gate.done)
-        m.d.comb += gate.wr_issued.eq(wr.valid & wr.ready & wr.payload.last)
-        # i[0] the response FSM (priority), i[1] the send FSM (hw/lib/priority_merge.py)
-        m.submodules.cqe_merge = cqe_merge = PriorityMerge(gate.i.payload.shape())
-        wiring.connect(m, cqe_merge.o, gate.i)
-        wiring.connect(m, resp.cqe, cqe_merge.i[0])
-        tx_cq = cqe_merge.i[1]
-        tx_cqe_v, tx_cqe_rdy = tx_cq.valid, tx_cq.ready
+        wiring.connect(m, wiring.flipped(self.dma_wr.done), cpl.done)
+        m.d.comb += cpl.wr_issued.eq(wr.valid & wr.ready & wr.payload.last)
+        wiring.connect(m, resp.cqe, cpl.rx_cqe)
+        wiring.connect(m, resp.err, cpl.rx_err)
+        wiring.connect(m, cpl.cqe, wiring.flipped(self.cqe))
+        wiring.connect(m, cpl.set_err, wiring.flipped(self.set_err))
+        tx_cqe_v, tx_cqe_rdy = cpl.tx_cqe.valid, cpl.tx_cqe.ready
+        tx_err_v, tx_err_rdy = cpl.tx_err.valid, cpl.tx_err.ready
         m.d.comb += [
-            tx_cq.payload.item.req.cqn.eq(ctx.send_cq),
-            tx_cq.payload.item.req.cqe.eq(cqe_reg),
-            tx_cq.payload.key.eq(cur),
+            cpl.tx_cqe.payload.item.req.cqn.eq(ctx.send_cq),
+            cpl.tx_cqe.payload.item.req.cqe.eq(cqe_reg),
+            cpl.tx_cqe.payload.key.eq(cur),
+            cpl.tx_err.payload.qpn.eq(cur),
         ]
-
-        m.submodules.err_arb = err_arb = StreamArbiter(data.StructLayout({"qpn": 24}), 2)
-        m.submodules.err_merge = err_merge = PriorityMerge(data.StructLayout({"qpn": 24}))
-        wiring.connect(m, err_merge.o, err_arb.i[0])
-        wiring.connect(m, resp.err, err_merge.i[0])
-        tx_er = err_merge.i[1]
-        tx_err_v, tx_err_rdy = tx_er.valid, tx_er.ready
-        m.d.comb += tx_er.payload.qpn.eq(cur)
-        wiring.connect(m, err_arb.o, wiring.flipped(self.set_err))
-
-        # gate output: a completion whose WR's data write failed becomes LOC_PROT_ERR (even an
-        # unsignaled one) and then asks for its QP to go to ERR; a silent success vanishes
-        go = gate.o.payload
-        gate_err_stat = Signal()
         wqe_err_stat = Signal()
-        m.d.comb += self.stat_dma_err.eq(resp.stat_pay_err + gate_err_stat + wqe_err_stat
+        m.d.comb += self.stat_dma_err.eq(resp.stat_pay_err + cpl.stat_err + wqe_err_stat
                                          + resp.stat_reread_err)
-        g_cqe = Signal(formats.CQE)
-        g_err_sent = Signal()          # the failed completion has left, the ERR request waits
-        m.d.comb += [g_cqe.eq(go.item.req.cqe), gate.clear.eq(1)]
-        with m.If(go.err & (go.item.req.cqe.status == 0)):
-            m.d.comb += [g_cqe.status.eq(WcStatus.LOC_PROT_ERR.value), g_cqe.byte_len.eq(0)]
-        gate_err = err_arb.i[1]
-        m.d.comb += [gate_err.payload.qpn.eq(go.key), self.cqe.payload.cqn.eq(go.item.req.cqn),
-                     self.cqe.payload.cqe.eq(g_cqe)]
-        with m.If(gate.o.valid):
-            with m.If(go.err):
-                m.d.comb += [self.cqe.valid.eq(~g_err_sent), gate_err.valid.eq(g_err_sent),
-                             gate.o.ready.eq(g_err_sent & gate_err.ready)]
-                with m.If(self.cqe.valid & self.cqe.ready):
-                    m.d.sync += g_err_sent.eq(1)
-                with m.If(gate.o.ready):
-                    m.d.sync += g_err_sent.eq(0)
-                m.d.comb += gate_err_stat.eq(gate.o.ready)
-            with m.Elif(go.item.silent):
-                m.d.comb += gate.o.ready.eq(1)
-            with m.Else():
-                m.d.comb += [self.cqe.valid.eq(1), gate.o.ready.eq(self.cqe.ready)]
 
         # ---------------- tracker write port: the response FSM (NAK status) has priority
         tx_trk_we = Signal()
@@ -615,7 +581,7 @@ class Requester(wiring.Component):
 
         # ---------------- send FSM
         sq_mask = Signal(32)
-        fsel = Signal(self.qpn_bits)         # QP of the fetch request (cur or the grant)
+        fsel = Signal(self.qpn_bits)         # QP of the fetch request (cur or the issuer's)
         fctx = Signal(regmap.QP_CTX)         # and its context
         m.d.comb += sq_mask.eq((Const(1, 33) << fctx.sq_log_size) - 1)
         f_addr = Signal(64)
@@ -637,7 +603,7 @@ class Requester(wiring.Component):
             prev = nxt
         m.d.comb += n_batch.eq(Mux(flushing, 1, prev))
 
-        n_fl = Signal(range(KF + 1))    # batches fetched and not yet done
+        n_fl = iss.n_fl                 # batches fetched and not yet done
 
         # QP events, in the order they came (each QP at most once: a later event of a QP
         # still queued replaces its state, ev_state / ev_psn). ev_any also covers an event
@@ -695,87 +661,35 @@ class Requester(wiring.Component):
         with m.Elif(self.db.valid & self.qp_event.valid):
             m.d.sync += db_early.eq(1)
 
-        # ---------------- fetch issue: up to fetch_depth WQE fetches of different QPs in flight
-        # The ready queue's oldest QP is fetched while the send FSM works on earlier batches.
-        # A QP that may issue is reserved when it is taken (``inflight``: at most one batch
-        # per QP, which keeps its WQEs in order; ``issue`` counts it in n_fl), then its context
-        # is looked up (qpc_fetch, request / response, one lookup at a time); with the answer
-        # the request is computed and held in a register until the DMA arbiter takes it (an
-        # offered request stays valid and stable), and the batch with the context enters fq.
-        # Each fetch reserves its WQE slots in WqeFetch, so the DMA data is always accepted.
+        # ---------------- fetch issue (hw/rnic/fetch_issuer.py): the ready queue's oldest QP is
+        # fetched while the send FSM works on earlier batches; the batch is planned here (for
+        # the issuer's QP, or for cur when the send FSM fetches a flush by itself)
         fetching = Signal()         # the send FSM's own (flush) fetch
-        act = Signal()              # the send FSM took a batch of fq (inflight[cur] is set)
-        issue = Signal()
-        done = Signal()             # the batch of cur is done (its QP may be fetched again)
-        m.d.sync += n_fl.eq(n_fl + issue - done)
+        act = Signal()              # the send FSM took a batch (inflight[cur] is set)
+        done = iss.done             # the batch of cur is done (its QP may be fetched again)
         gq = rdy.pop.payload.index
-        g_q = Signal(self.qpn_bits)       # the reserved QP whose context is looked up
-        g_req = Signal()                  # its lookup request is offered
-        g_busy = Signal()                 # a lookup is requested or awaited
-        qf = self.qpc_fetch
-        m.d.comb += [qf.req.valid.eq(g_req), qf.req.payload.index.eq(g_q)]
-        with m.If(qf.req.valid & qf.req.ready):
-            m.d.sync += g_req.eq(0)
-        g_ans = Signal()                  # the context is here and is used this cycle
-        # BlueFlame: the QP's next WQE may be here already (one WQE, no DMA read)
-        m.submodules.bf = bfb = BlueFlameBuffer(max(1, self.qpn_bits), cfg.bf_entries)
-        wiring.connect(m, wiring.flipped(self.bf), bfb.i)
-        m.d.comb += [bfb.qpn.eq(g_q), bfb.index.eq(fi[fsel]),
-                     self.stat_bf_hit.eq(bfb.stat_hit), self.stat_bf_miss.eq(bfb.stat_miss)]
-        g_cnt = Signal(range(K + 1))
-        g_bad = Signal()
-        m.d.comb += [
-            fsel.eq(Mux(fetching, cur, g_q)),
-            fctx.eq(Mux(fetching, ctx, qf.resp.payload.data)),
-            g_bad.eq(qf.resp.payload.err),
-            g_cnt.eq(Mux(g_bad, 0, Mux(bfb.hit, 1, n_batch))),
-            fq.w_data.eq(Cat(g_q, g_cnt, g_bad, qf.resp.payload.data)),
-        ]
-        pend_v = Signal()
-        pend_addr = Signal(64)
-        pend_cnt = Signal(3)
-        pend_bf = Signal()
-        pend_wqe = Signal(formats.WQE)
-        m.d.comb += [
-            fetch.req.valid.eq(pend_v | fetching),
-            fetch.req.payload.addr.eq(Mux(fetching, f_addr, pend_addr)),
-            fetch.req.payload.count.eq(Mux(fetching, n_batch, pend_cnt)),
-            fetch.req.payload.bf.eq(~fetching & pend_bf),
-            fetch.req.payload.wqe.eq(pend_wqe),
-        ]
-        with m.If(pend_v & fetch.req.ready):
-            m.d.sync += pend_v.eq(0)
-        # the oldest QP of the ready queue: reserved if it may issue and has no batch in
-        # flight, else dropped (the write that lets it issue again wakes it again)
         g_elig = eligible(gq, "gq")
-        with m.If(~g_busy & ~fetching & ~fl_wait & ~flushing & ~ev_any & (n_fl != KF)
-                  & rdy.pop.valid):
-            m.d.comb += rdy.pop.ready.eq(1)
-        with m.If(rdy.pop.valid & rdy.pop.ready & g_elig & ~inflight[gq]):
-            m.d.comb += [issue.eq(1), inflight.write("gq", gq, 1)]
-            m.d.sync += [g_q.eq(gq), g_req.eq(1), g_busy.eq(1)]
-        # the answer: the batch is computed now (the QP's indices may have moved since it was
-        # reserved, only forward: a doorbell) and queued; never while the send FSM fetches
-        m.d.comb += [qf.resp.ready.eq(~pend_v & ~fetching), g_ans.eq(qf.resp.valid & qf.resp.ready)]
-        with m.If(g_ans):
-            m.d.comb += fq.w_en.eq(1)
-            m.d.sync += [g_busy.eq(0), pend_v.eq(~g_bad),
-                         pend_addr.eq(f_addr), pend_cnt.eq(g_cnt), pend_bf.eq(bfb.hit),
-                         pend_wqe.eq(bfb.wqe)]
-            with m.If(g_bad):
-                pass            # nothing is fetched: the send FSM puts the QP in ERR
-            with m.Elif(bfb.hit):
-                m.d.comb += bfb.take.eq(1)
-            with m.Else():
-                # the batch is read by DMA: copies of its WQEs (or older ones) are useless
-                m.d.comb += [bfb.inval.valid.eq(1), bfb.inval.payload.qpn.eq(g_q),
-                             bfb.inval.payload.first.eq(fi[fsel]),
-                             bfb.inval.payload.count.eq(n_batch)]
+        m.d.comb += [
+            iss.hold.eq(fetching | fl_wait | flushing | ev_any),
+            iss.take_ok.eq(g_elig & ~inflight[gq]),
+            iss.fetching.eq(fetching),
+            iss.plan.addr.eq(f_addr), iss.plan.first.eq(fi[fsel]), iss.plan.count.eq(n_batch),
+            fsel.eq(Mux(fetching, cur, iss.sel)),
+            fctx.eq(Mux(fetching, ctx, iss.ctx)),
+            fetch.req.valid.eq(iss.req.valid | fetching),
+            fetch.req.payload.addr.eq(Mux(fetching, f_addr, iss.req.payload.addr)),
+            fetch.req.payload.count.eq(Mux(fetching, n_batch, iss.req.payload.count)),
+            fetch.req.payload.bf.eq(~fetching & iss.req.payload.bf),
+            fetch.req.payload.wqe.eq(iss.req.payload.wqe),
+            iss.req.ready.eq(fetch.req.ready),
+        ]
+        with m.If(iss.reserve):
+            m.d.comb += inflight.write("gq", gq, 1)
         fq_q = Signal(self.qpn_bits)
         fq_n = Signal(range(K + 1))
         fq_bad = Signal()
         fq_ctx = Signal(regmap.QP_CTX)
-        m.d.comb += Cat(fq_q, fq_n, fq_bad, fq_ctx).eq(fq.r_data)
+        m.d.comb += Cat(fq_q, fq_n, fq_bad, fq_ctx).eq(iss.batch.payload)
         e_fq = eligible(fq_q, "fq")         # the oldest fetched batch's QP
         e_cur = eligible(cur, "cur")        # the QP being sent
 
@@ -801,7 +715,7 @@ class Requester(wiring.Component):
                 def take_batch():
                     # the oldest fetched batch: sent if its QP may still issue, else dropped;
                     # a QP whose context could not be read goes to ERR (nothing was fetched)
-                    m.d.comb += fq.r_en.eq(1)
+                    m.d.comb += iss.batch.ready.eq(1)
                     m.d.sync += [cur.eq(fq_q), flushing.eq(0), act.eq(1), batch_left.eq(fq_n),
                                  ctx.eq(fq_ctx)]
                     with m.If(fq_bad):
@@ -827,17 +741,16 @@ class Requester(wiring.Component):
                     with m.Elif(inflight[ev_sel]):
                         # the event waits for the QP's batch in flight, which is dropped
                         # (not eligible: event pending); no doorbell is taken before it
-                        with m.If(fq.r_rdy):
+                        with m.If(iss.batch.valid):
                             take_batch()
                     # the event waits while the response FSM works on that QP (bounded)
                     with m.Elif(~(rx_busy & (rcur == ev_sel))):
                         m.d.comb += [ev_clear.eq(1), wk_tx.valid.eq(1),
                                      wk_tx.payload.index.eq(ev_sel)]
                         with m.If(ev_reset[ev_sel]):
-                            m.d.comb += [ev_rst_rd.eq(1), gate.forget.eq(1),
-                                         gate.forget_key.eq(ev_sel),
-                                         bfb.inval.valid.eq(1), bfb.inval.payload.qpn.eq(ev_sel),
-                                         bfb.inval.payload.all.eq(1)]
+                            m.d.comb += [ev_rst_rd.eq(1), cpl.forget.eq(1),
+                                         cpl.forget_key.eq(ev_sel), iss.bf_reset.eq(1),
+                                         iss.bf_reset_qpn.eq(ev_sel)]
                             for a in (pi, fi, ci, head, tail, lerr, rwd_pend, rtx_started,
                                       rnr_wait, retry_used, rnr_used, rs_skip):
                                 m.d.comb += a.write("tx", ev_sel, 0)
@@ -870,7 +783,7 @@ class Requester(wiring.Component):
                     with m.Else():
                         m.d.comb += pi.write("tx", db_q, self.db.payload.pi)
                         m.d.comb += [wk_tx.valid.eq(1), wk_tx.payload.index.eq(db_q)]
-                with m.Elif(fq.r_rdy):
+                with m.Elif(iss.batch.valid):
                     take_batch()
                 with m.Elif(s_fl_go):
                     # flushes fetch on their own: only when no batch is in flight
