@@ -16,7 +16,7 @@ import math
 __all__ = ["NicConfig", "LinkConfig", "HostConfig", "SystemConfig", "PRESETS", "preset", "HOST_KINDS", "MAX_QPS"]
 
 
-from .lib.checks import check_int as _check_range, check_number as _check_float, check_pow2 as _check_pow2  # noqa: E402
+from .lib.checks import check_int as _check_range, check_number as _check_float, check_pow2 as _check_pow2, check_mtu  # noqa: E402
 
 
 # the largest n_qps (a power of two) the NIC accepts
@@ -148,8 +148,7 @@ class NicConfig:
         _check_pow2("n_cqs", self.n_cqs, 2, 1024)
         _check_pow2("n_mrs", self.n_mrs, 2, 256)
         _check_range("n_doorbells", self.n_doorbells, 1, 512)
-        if self.mtu not in (256, 512, 1024, 2048, 4096):
-            raise ValueError(f"mtu must be one of 256, 512, 1024, 2048, 4096, not {self.mtu!r}")
+        check_mtu(self.mtu)
         _check_range("max_rd_atomic", self.max_rd_atomic, 1, 16)
         _check_pow2("max_outstanding", self.max_outstanding, 2, 256)
         _check_float("pipeline_ns", self.pipeline_ns, 0.0, 100_000.0)

@@ -183,17 +183,17 @@ from amaranth.utils import exact_log2
 
 from .atomic import AtomicUnit, ATOMIC_CAS, ATOMIC_FAA
 from .config import NicConfig
-from .formats import (BthOpcode as Op, AethSyndrome as Syn, Access, QpState, WcOpcode, WcStatus,
-                      PKT_META, RECV_WQE, RECV_WQE_BYTES, CQE_FLAG_IMM, MR_ENTRY)
+from .formats import (BthOpcode as Op, AethSyndrome as Syn, QpState, WcOpcode, WcStatus,
+                      PKT_META, RECV_WQE, CQE_FLAG_IMM, MR_ENTRY)
 from .arbiter import StreamArbiter
-from .formats import CQE
 from .interfaces import (PacketOut, Lookup, CtxLookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
                          DmaReadPort, DmaWritePort, CqeRequest)
 from .ctx.rq_prefetch import RqPrefetch, RQ_DMA_TAG
-from .rnic.response_queue import (ResponseQueue, RESP_ENTRY, AT_RES, READ_DMA_TAG, RESP_ACK,
+from .rnic.response_queue import (ResponseQueue, RESP_ENTRY, READ_DMA_TAG, RESP_ACK,
                                    RESP_READ, RESP_ATOMIC, RESP_ATOMIC_PEND)
 from .lib.checks import check_pow2
-from .lib.write_gate import WriteGate
+from .rnic.responder_gate import ITEM_CQE, ITEM_RESP, ResponderGate
+from .rnic.request_check import MSG_NONE, MSG_SEND, MSG_WRITE, RSP_STATE, RequestCheck
 from .regmap import QP_CTX, mkey_index  # noqa: F401  (mkey_index: the MR slot computed below is the same function)
 
 __all__ = ["Responder", "RSP_STATE", "RESP_ENTRY", "RNR_TIMER", "UDP_SPORT_BASE",
@@ -207,35 +207,12 @@ RNR_TIMER = 0x0E
 UDP_SPORT_BASE = 0xC000
 WQE_DMA_TAG = RQ_DMA_TAG
 
-MSG_NONE, MSG_SEND, MSG_WRITE = 0, 1, 2
-
-#: Per-QP responder state (one memory row per QP).
-RSP_STATE = data.StructLayout({
-    "epsn": 24,     # expected PSN of the next request packet
-    "msn": 24,      # messages completed
-    "ci": 16,       # receive-queue consumer index (free running)
-    "inprog": 2,    # MSG_NONE / MSG_SEND / MSG_WRITE: multi-packet message in progress
-    "va": 64,       # next address to write (WRITE: remote VA; SEND: receive buffer)
-    "rem": 32,      # WRITE: DMA length left; SEND: receive buffer space left
-    "count": 32,    # WRITE: total DMA length (byte_len of WRITE_IMM); SEND: bytes so far
-    "wr_id": 64,    # SEND: wr_id of the receive WQE being filled
-    "nak_sent": 1,  # a PSN sequence / RNR NAK was sent; later out-of-sequence packets are
-                    # dropped silently until the expected PSN arrives (IBA 9.7.5.2.2)
-    "rp": 4,        # atomic replay cache: next slot of this QP's ring
-    "rfull": 1,     # the ring has wrapped (every slot holds a result)
-})
 
 
 #: Atomic replay cache slots per QP (max_rd_atomic is at most 16: a retransmitted atomic is
 #: always among the last 16 atomics the QP executed).
 REPLAY_SLOTS = NicConfig.replay_slots
 REPLAY_ENTRY = data.StructLayout({"psn": 24, "orig": 64})
-
-#: What the FSM announces, in order, through the write gate (a CQE or a response descriptor):
-#: nothing leaves before the payload written before it is answered.
-ITEM_CQE, ITEM_RESP = 0, 2
-RSP_ITEM = data.StructLayout({"kind": 2, "cqn": 16, "cqe": CQE, "resp": RESP_ENTRY})
-
 
 class Responder(wiring.Component):
     """RC responder: executes request packets, answers ACK/NAK/READ/atomic responses."""
@@ -384,66 +361,27 @@ class Responder(wiring.Component):
             pi_rd.addr.eq(self.rx.meta.payload.dest_qpn[:qb]),
             rc_rd.addr.eq(Cat(rscan, qpn)),
         ]
-        # a PSN in the half of the PSN space behind the expected PSN is a duplicate
-        behind = Signal(24)
-        m.d.comb += behind.eq(s.epsn - pk.psn)
-        psn_behind = (behind != 0) & (behind <= (1 << 23))
-
-        # ---- opcode classes (from the latched meta) ---------------------------------
-        op = pk.opcode
-
-        def op_in(*ops):
-            r = Const(0, 1)
-            for o in ops:
-                r = r | (op == o.value)
-            return r
-
-        is_send_first = op_in(Op.SEND_FIRST, Op.SEND_ONLY, Op.SEND_ONLY_IMM)
-        is_send_cont = op_in(Op.SEND_MIDDLE, Op.SEND_LAST, Op.SEND_LAST_IMM)
-        is_write_first = op_in(Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)
-        is_write_cont = op_in(Op.WRITE_MIDDLE, Op.WRITE_LAST, Op.WRITE_LAST_IMM)
-        is_last = op_in(Op.SEND_LAST, Op.SEND_LAST_IMM, Op.SEND_ONLY, Op.SEND_ONLY_IMM,
-                        Op.WRITE_LAST, Op.WRITE_LAST_IMM, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)
-        is_full = op_in(Op.SEND_FIRST, Op.SEND_MIDDLE, Op.WRITE_FIRST, Op.WRITE_MIDDLE)
-        is_imm = op_in(Op.SEND_LAST_IMM, Op.SEND_ONLY_IMM, Op.WRITE_LAST_IMM, Op.WRITE_ONLY_IMM)
-        is_wimm = op_in(Op.WRITE_LAST_IMM, Op.WRITE_ONLY_IMM)
-        is_read = op_in(Op.READ_REQUEST)
-        is_atomic = op_in(Op.COMPARE_SWAP, Op.FETCH_ADD)
-        known = is_send_first | is_send_cont | is_write_first | is_write_cont | is_read | is_atomic
-        seq_ok = Mux(s.inprog == MSG_SEND, is_send_cont,
-                     Mux(s.inprog == MSG_WRITE, is_write_cont, ~is_send_cont & ~is_write_cont))
-        len_ok = ((pk.paylen <= mtu) & (~is_full | (pk.paylen == mtu))
-                  & (~(is_read | is_atomic) | (pk.paylen == 0)))
-        rq_empty = s.ci == pi_r
-
-        # ---- memory-region check -----------------------------------------------------
+        # ---- the packet's checks (hw/rnic/request_check.py)
         # the key's MR entry, looked up (request / response) before CHECK and WQE_CHECK
         mr_key = Signal(32)
         e = Signal(MR_ENTRY)
-        m.d.comb += [
-            mr_key.eq(pk.rkey),
-            self.mr.req.payload.index.eq(mr_key[8:8 + self.mr_bits]),
-        ]
-
-        def mr_ok(right, va, length, remote):
-            right = Access(right).value
-            ok = (e.valid & (e.key == mr_key) & (e.pd == ctx.pd) & ((e.access & right) != 0)
-                  & (va >= e.base) & ((va + length) <= (e.base + e.length)))
-            if remote:
-                ok = ok & ((ctx.access & right) != 0)
-            return ok
-
-        w_va = Mux(is_write_first, pk.va, s.va)
-        w_rem = Mux(is_write_first, pk.dma_len, s.rem)
-        w_acc_bad = is_write_first & (pk.dma_len != 0) & ~mr_ok(Access.REMOTE_WRITE, pk.va, pk.dma_len, True)
-        w_len_bad = (pk.paylen > w_rem) | (is_last & (pk.paylen != w_rem))
-        r_acc_bad = (pk.dma_len != 0) & ~mr_ok(Access.REMOTE_READ, pk.va, pk.dma_len, True)
-        a_align_bad = pk.va[:3] != 0
-        a_acc_bad = ~mr_ok(Access.REMOTE_ATOMIC, pk.va, 8, True)
-        s_len_bad = pk.paylen > s.rem
-        q_prot_bad = (wqe.length != 0) & ~mr_ok(Access.LOCAL_WRITE, wqe.addr, wqe.length, False)
-        q_len_bad = pk.paylen > wqe.length
-
+        m.d.comb += [mr_key.eq(pk.rkey), self.mr.req.payload.index.eq(mr_key[8:8 + self.mr_bits])]
+        m.submodules.check = chk = RequestCheck(mtu)
+        m.d.comb += [chk.pk.eq(pk), chk.state.eq(s), chk.ctx.eq(ctx), chk.mr.eq(e),
+                     chk.key.eq(mr_key), chk.wqe.eq(wqe), chk.pi.eq(pi_r)]
+        rc = chk.o
+        op = pk.opcode
+        psn_behind = rc.psn_behind
+        is_send_first, is_send_cont = rc.send_first, rc.send_cont
+        is_write_first, is_write_cont = rc.write_first, rc.write_cont
+        is_last, is_imm, is_wimm = rc.last, rc.imm, rc.wimm
+        is_read, is_atomic, known = rc.read, rc.atomic, rc.known
+        seq_ok, len_ok, rq_empty = rc.seq_ok, rc.len_ok, rc.rq_empty
+        w_va, w_rem = rc.w_va, rc.w_rem
+        w_acc_bad, w_len_bad, r_acc_bad = rc.w_acc_bad, rc.w_len_bad, rc.r_acc_bad
+        a_align_bad, a_acc_bad, s_len_bad = rc.a_align_bad, rc.a_acc_bad, rc.s_len_bad
+        q_prot_bad, q_len_bad = rc.q_prot_bad, rc.q_len_bad
+        n_resp = rc.n_resp
 
         # ---- helpers emitting the decision registers ---------------------------------
         def nak(syn, fatal, psn=None):
@@ -470,10 +408,7 @@ class Responder(wiring.Component):
                 c_len.eq(byte_len), c_wr_id.eq(wr_id), c_flags.eq(Mux(imm_flag, CQE_FLAG_IMM, 0)),
             ]
 
-        n_resp = Mux(pk.dma_len == 0, 1, (pk.dma_len + (mtu - 1)) >> exact_log2(mtu))
-
         # ---- the ordered response queue (rule 1 of "Deadlock freedom"): ResponseQueue
-        q_entry = rq.push.payload
         m.d.comb += [rq.node_id.eq(self.node_id),
                      self.stat_resp_full.eq(rq.stat_resp_full),
                      self.stat_coalesce.eq(rq.stat_coalesce),
@@ -484,16 +419,20 @@ class Responder(wiring.Component):
         # ---- the write gate: CQEs, QP errors and responses leave once the payload writes
         # before them are answered; a failed write turns the QP's next response into a NAK
         # (remote operational error) and its CQEs into LOC_PROT_ERR
-        m.submodules.gate = gate = WriteGate(RSP_ITEM, qb, depth=cfg.gate_depth)
+        # (hw/rnic/responder_gate.py)
+        m.submodules.gate = gate = ResponderGate(qb, cfg.gate_depth)
         wr = self.wr.wr
         wiring.connect(m, wiring.flipped(self.wr.done), gate.done)
         m.d.comb += gate.wr_issued.eq(wr.valid & wr.ready & wr.payload.last)
+        wiring.connect(m, gate.cqe, wiring.flipped(self.cqe))
+        wiring.connect(m, gate.resp, rq.push)
         gi = gate.i.payload.item
         # set_err: the gate's output (a failed write), the transmitter (a failed READ), the FSM
         m.submodules.err_arb = err_arb = StreamArbiter(data.StructLayout({"qpn": 24}), 3)
         wiring.connect(m, err_arb.o, wiring.flipped(self.set_err))
-        dma_err_fsm, dma_err_gate = Signal(), Signal()
-        m.d.comb += self.stat_dma_err.eq(dma_err_fsm + dma_err_gate + rq.stat_dma_err)
+        wiring.connect(m, gate.err, err_arb.i[0])
+        dma_err_fsm = Signal()
+        m.d.comb += self.stat_dma_err.eq(dma_err_fsm + gate.stat_err + rq.stat_dma_err)
         wiring.connect(m, rq.set_err, err_arb.i[1])
 
         def push(kind, psn, syn, msn, arg=0, length=0):
@@ -929,47 +868,6 @@ class Responder(wiring.Component):
                     m.d.comb += [st_wr.addr.eq(qpn), st_wr.data.eq(s), st_wr.en.eq(1)]
                     m.next = "IDLE"
                 # else: the write port is taken by an event for another QP this cycle; retry
-
-        # ---- the gate's output: CQEs, QP-error requests and the response queue ------------
-        g = gate.o.payload
-        gitem = g.item
-        d_nak_sent = Signal()          # a failed QP's NAK is queued, its ERR request waits
-        g_cqe = Signal(CQE)
-        m.d.comb += [
-            g_cqe.eq(gitem.cqe),
-            self.cqe.payload.cqn.eq(gitem.cqn),
-            self.cqe.payload.cqe.eq(g_cqe),
-            q_entry.eq(gitem.resp),
-            err_arb.i[0].payload.qpn.eq(g.key),
-        ]
-        with m.If(g.err & (gitem.cqe.status == 0)):
-            m.d.comb += [g_cqe.status.eq(WcStatus.LOC_PROT_ERR.value), g_cqe.byte_len.eq(0)]
-        with m.If(gate.o.valid):
-            with m.Switch(gitem.kind):
-                with m.Case(ITEM_CQE):
-                    m.d.comb += [self.cqe.valid.eq(1), gate.o.ready.eq(self.cqe.ready)]
-                with m.Default():
-                    with m.If(g.err):
-                        # a payload write of this QP failed: its response becomes a NAK
-                        # (remote operational error, IBA 9.7.5.2.4) and the QP goes to ERR
-                        # (a pending atomic keeps its kind: its result is still taken)
-                        m.d.comb += [q_entry.kind.eq(Mux(gitem.resp.kind == RESP_ATOMIC_PEND,
-                                                         RESP_ATOMIC_PEND, RESP_ACK)),
-                                     q_entry.syn.eq(Syn.NAK_REM_OP_ERR.value)]
-                        with m.If(~d_nak_sent):
-                            m.d.comb += rq.push.valid.eq(1)
-                            with m.If(rq.push.ready):
-                                m.d.sync += d_nak_sent.eq(1)
-                        with m.Else():
-                            m.d.comb += [err_arb.i[0].valid.eq(1),
-                                         gate.o.ready.eq(err_arb.i[0].ready),
-                                         gate.clear.eq(1),
-                                         dma_err_gate.eq(err_arb.i[0].ready)]
-                            with m.If(err_arb.i[0].ready):
-                                m.d.sync += d_nak_sent.eq(0)
-                    with m.Else():
-                        # appended, or a coalesced ACK replacing the same QP's queued one
-                        m.d.comb += [rq.push.valid.eq(1), gate.o.ready.eq(rq.push.ready)]
 
         with m.If(kill_now & ~fsm.ongoing("IDLE")):
             m.d.sync += killed.eq(1)

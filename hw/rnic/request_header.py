@@ -28,6 +28,7 @@ from amaranth.lib.wiring import In, Out
 
 from .. import formats, regmap
 from ..formats import BthOpcode, WrOpcode
+from ..lib.checks import check_mtu
 from .wqe_check import OP_CLASS
 
 __all__ = ["RequestHeader"]
@@ -35,8 +36,7 @@ __all__ = ["RequestHeader"]
 
 class RequestHeader(wiring.Component):
     def __init__(self, mtu):
-        if mtu not in (256, 512, 1024, 2048, 4096):
-            raise ValueError(f"mtu must be one of 256, 512, 1024, 2048, 4096, not {mtu!r}")
+        check_mtu(mtu)
         self.mtu = mtu
         super().__init__({
             "wqe": In(formats.WQE),

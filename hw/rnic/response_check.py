@@ -39,6 +39,7 @@ from amaranth.utils import exact_log2
 
 from .. import formats
 from ..formats import BthOpcode, WcStatus, WrOpcode
+from ..lib.checks import check_mtu
 from .tracker import TRACKER_ENTRY, psn_le
 
 __all__ = ["ResponseCheck", "RESP_CLASS"]
@@ -67,8 +68,7 @@ RESP_CLASS = data.StructLayout({
 
 class ResponseCheck(wiring.Component):
     def __init__(self, mtu):
-        if mtu not in (256, 512, 1024, 2048, 4096):
-            raise ValueError(f"mtu must be one of 256, 512, 1024, 2048, 4096, not {mtu!r}")
+        check_mtu(mtu)
         self.mtu = mtu
         super().__init__({
             "rxm": In(formats.PKT_META),

@@ -27,6 +27,7 @@ from amaranth.utils import exact_log2
 
 from .. import formats
 from ..formats import WcStatus, WrOpcode
+from ..lib.checks import check_mtu
 
 __all__ = ["WqeCheck", "OP_CLASS"]
 
@@ -43,8 +44,7 @@ OP_CLASS = data.StructLayout({
 
 class WqeCheck(wiring.Component):
     def __init__(self, mtu):
-        if mtu not in (256, 512, 1024, 2048, 4096):
-            raise ValueError(f"mtu must be one of 256, 512, 1024, 2048, 4096, not {mtu!r}")
+        check_mtu(mtu)
         self.mtu = mtu
         super().__init__({
             "wqe": In(formats.WQE),

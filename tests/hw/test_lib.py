@@ -12,6 +12,8 @@ from hw.lib.shaper import Shaper
 from hw.lib.wide_fifo import WideFifo
 from hw.lib.write_gate import WriteGate
 
+from .port_drivers import WriteHost, offer
+
 ITEM = data.StructLayout({"n": 12})
 
 
@@ -21,39 +23,17 @@ def run_gate(events, *, seed=0, p_ready=0.7, n_cycles=3000, cam=4, clear_all=Tru
     write was answered."""
     dut = WriteGate(ITEM, 4, depth=16, cam=cam)
     rng = random.Random(seed)
-    out, answered = [], []
-    state = {"cycle": 0}
-    pending = []                         # (due, key, fail)
+    out = []
+    host = WriteHost(dut.done, rng, max_delay=30)
 
     async def drive(ctx):
         for ev in events:
             if ev[0] == "w":
-                ctx.set(dut.wr_issued, 1)
-                pending.append((state["cycle"] + rng.randint(2, 30), ev[1], ev[2]))
-                await ctx.tick()
-                ctx.set(dut.wr_issued, 0)
+                await host.write(ctx, dut.wr_issued, ev[1], ev[2])
             else:
-                ctx.set(dut.i.payload, {"item": {"n": ev[2]}, "key": ev[1]})
-                ctx.set(dut.i.valid, 1)
-                while True:
-                    _, _, r = await ctx.tick().sample(dut.i.ready)
-                    if r:
-                        break
-                ctx.set(dut.i.valid, 0)
+                await offer(ctx, dut.i, {"item": {"n": ev[2]}, "key": ev[1]})
             for _ in range(rng.randint(0, 3)):
                 await ctx.tick()
-
-    async def host(ctx):
-        while True:
-            if pending and pending[0][0] <= state["cycle"]:
-                _, key, fail = pending.pop(0)
-                ctx.set(dut.done.payload, {"tag": key, "err": int(fail)})
-                ctx.set(dut.done.valid, 1)
-                answered.append(state["cycle"])
-            else:
-                ctx.set(dut.done.valid, 0)
-            await ctx.tick()
-            state["cycle"] += 1
 
     async def sink(ctx):
         for _ in range(n_cycles):
@@ -62,15 +42,15 @@ def run_gate(events, *, seed=0, p_ready=0.7, n_cycles=3000, cam=4, clear_all=Tru
             ctx.set(dut.clear, clear_all)
             _, _, v, p = await ctx.tick().sample(dut.o.valid, dut.o.payload)
             if v and r:
-                out.append((int(p.item.n), int(p.key), int(p.err), state["cycle"]))
+                out.append((int(p.item.n), int(p.key), int(p.err), host.cycle))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     sim.add_testbench(drive, background=True)
-    sim.add_testbench(host, background=True)
+    sim.add_testbench(host.run, background=True)
     sim.add_testbench(sink)
     sim.run()
-    return out, answered
+    return out, host.answered
 
 
 def test_write_gate_against_model():

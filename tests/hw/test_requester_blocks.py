@@ -12,21 +12,9 @@ from hw.rnic.request_header import RequestHeader
 from hw.rnic.response_check import ResponseCheck
 from hw.rnic.wqe_check import WqeCheck
 
+from .port_drivers import comb_cases
+
 M24 = (1 << 24) - 1
-
-
-def comb_cases(dut, cases, check):
-    """Apply each case (a dict port -> value) to the combinational ``dut`` and call
-    ``check(case, get)`` with a getter of its settled outputs."""
-    async def tb(ctx):
-        for case in cases:
-            for port, value in case.items():
-                ctx.set(getattr(dut, port), value)
-            check(case, lambda port: ctx.get(port))
-
-    sim = Simulator(dut)
-    sim.add_testbench(tb)
-    sim.run()
 
 
 @pytest.mark.parametrize("mtu", [100, 4097, "4096"])
