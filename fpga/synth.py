@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _link(cfg):
-    from hw.link import Link, link_params
+    from hw.net.link import Link, link_params
     return Link(**link_params(cfg))
 
 

@@ -69,7 +69,7 @@ class NicConfig:
                     values need a wider replay pointer in the responder's QP state.
     doorbell_fifo_depth  receive and CQ doorbells queued in the doorbell block.
     atomic_inflight the responder's atomic unit: operations in flight at once (1 .. 16),
-                    serialised per 8-byte address (hw/atomic.py); 1 executes one atomic at a
+                    serialised per 8-byte address (hw/rnic/atomic.py); 1 executes one atomic at a
                     time for the whole NIC.
     rq_prefetch     the responder's receive-WQE prefetch (hw/ctx/rq_prefetch.py): receive
                     WQE reads in flight at once (1 .. 16), of different QPs.

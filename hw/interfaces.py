@@ -107,7 +107,7 @@ QP_EVENT = data.StructLayout({
     "rq_base": 64,
     "rq_log": 5,
     # a new QP (SET_QP): the event carries the size of its send queue, which the requester
-    # keeps for its doorbell check (the rest of the context it looks up, hw/requester.py)
+    # keeps for its doorbell check (the rest of the context it looks up, hw/rnic/requester.py)
     "new": 1,
     "sq_log": 5,
 })

@@ -24,7 +24,7 @@ address               access   meaning
 ====================  =======  ==============================================================
 
 Every MMIO write is 8 bytes except the 64-byte BlueFlame writes; reads are 8 bytes. The
-host side of the MMIO path may be back-pressured by the NIC (``hw/mmio.py``).
+host side of the MMIO path may be back-pressured by the NIC (``hw/rnic/mmio.py``).
 
 The space is cut into the windows of :func:`register_map`, one per block; one decoder
 (``hw/lib/csr.py``) gives each block its window with window-relative addresses. An access
@@ -223,10 +223,10 @@ class Counter(enum.IntEnum):
     # occupancy: cycles a serial engine was not idle (processing, or waiting for a lookup,
     # a DMA or room downstream); with n_pus units the requester's are the units' sum. The
     # engine whose count nears the measured cycles is the bound (docs/performance.md)
-    BUSY_REQ_SEND = 90        # requester send engine (hw/requester.py FSM "send")
+    BUSY_REQ_SEND = 90        # requester send engine (hw/rnic/requester.py FSM "send")
     BUSY_REQ_RESP = 91        # requester response engine (FSM "resp")
-    BUSY_RSP = 92             # responder (hw/responder.py FSM "rsp")
-    BUSY_CQE = 93             # completion engine (hw/completion.py)
+    BUSY_RSP = 92             # responder (hw/rnic/responder.py FSM "rsp")
+    BUSY_CQE = 93             # completion engine (hw/rnic/completion.py)
     BUSY_QP_CACHE = 94        # the context caches' state machines (hw/lib/cache.py)
     BUSY_MR_CACHE = 95
     BUSY_CQ_CACHE = 96
@@ -241,18 +241,18 @@ def register_map(n_doorbells):
     from .lib.csr import RegisterMap      # here: hw.lib.csr imports hw.interfaces, which imports this
     rm = RegisterMap(MMIO_ADDR_WIDTH)
     rm.add("control", Reg.ID, CONTROL_BYTES,
-           "`ID`, `NODE_ID`, `CMD`, `ARG0..7` (the command interface, `hw/context.py`)")
+           "`ID`, `NODE_ID`, `CMD`, `ARG0..7` (the command interface, `hw/rnic/context.py`)")
     rm.add("counters", COUNTER_BASE, 8 * len(Counter),
-           "performance counters, read only (`hw/counters.py`, `Counter`)")
+           "performance counters, read only (`hw/rnic/counters.py`, `Counter`)")
     rm.add("doorbells", DOORBELL_BASE, 8 * n_doorbells,
-           "send doorbell register *r* at `0x1000 + 8 r` (`hw/doorbell.py`)")
+           "send doorbell register *r* at `0x1000 + 8 r` (`hw/rnic/doorbell.py`)")
     rm.add("queue_doorbells", Reg.RQ_DB, 16,
-           "`RQ_DB` (receive doorbell) and `CQ_DB` (CQ consumer index) (`hw/doorbell.py`)")
+           "`RQ_DB` (receive doorbell) and `CQ_DB` (CQ consumer index) (`hw/rnic/doorbell.py`)")
     rm.add("events", Reg.ASYNC_EVENT, 8,
-           "`ASYNC_EVENT`: the oldest asynchronous event, removed by the read (`hw/events.py`)")
+           "`ASYNC_EVENT`: the oldest asynchronous event, removed by the read (`hw/rnic/events.py`)")
     rm.add("blueflame", BLUEFLAME_BASE, BLUEFLAME_BYTES * n_doorbells,
            "BlueFlame registers, 64-byte writes of a whole WQE; taken by the MMIO front end "
-           "before the bus (`hw/mmio.py`)", external=True)
+           "before the bus (`hw/rnic/mmio.py`)", external=True)
     return rm
 
 

@@ -5,17 +5,17 @@ configured kind and the MMIO path); the host side's Python-facing ports are
 at the top level, prefixed ``a_`` and ``b_`` (``a_mmio_cmd``, ``a_mmio_resp``,
 and ``a_py_*`` for the Python host or ``a_cpu``, ``a_cpu_rdata``,
 ``a_wtap`` for the RTL host). The network links model serialisation and latency
-(``hw/link.py``) from the :class:`~hw.config.LinkConfig` converted to NIC cycles. ``tap_ab`` / ``tap_ba`` mirror every beat accepted by a link so
+(``hw/net/link.py``) from the :class:`~hw.config.LinkConfig` converted to NIC cycles. ``tap_ab`` / ``tap_ba`` mirror every beat accepted by a link so
 that a testbench can write a pcap of everything the network carried (before faults).
 
-Faults (``hw/fault.py``, InfiniBand Architecture Specification vol. 1 rel. 1.4, Annex A17:
+Faults (``hw/net/fault.py``, InfiniBand Architecture Specification vol. 1 rel. 1.4, Annex A17:
 RoCEv2 over a lossy Ethernet fabric): each link direction ``d`` in ``ab``/``ba`` exposes
 its injector's controls ``fault_{d}_seed`` (32), ``fault_{d}_seed_load``, ``fault_{d}_loss``,
 ``fault_{d}_dup``, ``fault_{d}_reorder``, ``fault_{d}_corrupt`` (16), ``fault_{d}_down`` as
 inputs and its counters ``fault_{d}_n_frames``, ``fault_{d}_n_lost``, ``fault_{d}_n_down``,
 ``fault_{d}_n_dup``, ``fault_{d}_n_reordered``, ``fault_{d}_n_corrupted`` (32) as outputs
 (``sim/faults.py`` drives them). ``inj_a`` / ``inj_b`` (``In(BeatStream(W))``) let a
-testbench inject frames into node a's / b's receive path: a :class:`~hw.fault.FrameMerger`
+testbench inject frames into node a's / b's receive path: a :class:`~hw.net.fault.FrameMerger`
 merges them with the frames arriving from the link, whole frames at a time.
 ``rxtap_a`` / ``rxtap_b`` (with ``rxtap_{n}_valid``) mirror every beat each node's ``rx``
 actually takes (after faults and injection).
@@ -35,10 +35,10 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .config import SystemConfig
-from .fault import CONTROL_WIDTHS, COUNTERS, FrameMerger
+from .net.fault import CONTROL_WIDTHS, COUNTERS, FrameMerger
 from .host.host_side import HostSide
 from .interfaces import BeatStream, beat_layout
-from .link import Link
+from .net.link import Link
 from .rnic import Rnic
 
 __all__ = ["TwoNodeSystem", "link_params"]

@@ -14,7 +14,7 @@ an edge iff ``ready`` reads 1 right after ``await RisingEdge(clk)`` while ``vali
 driven high.
 """
 
-from hw.fault import ALWAYS, COUNTERS
+from hw.net.fault import ALWAYS, COUNTERS
 from hw.interfaces import beat_layout
 
 __all__ = ["LinkFaults", "FrameInjector", "to_units"]

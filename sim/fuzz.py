@@ -4,14 +4,14 @@
 detail of the mutation that made them, and the outcome the depacketizer must reach
 (``"ok"``: parsed and passed on, ``"icrc"``: dropped for a bad ICRC, ``"malformed"``: dropped
 as malformed). The expected outcome is never guessed from the mutation: it is computed by
-:func:`sim.roce.classify`, the Python reference of ``hw/depacketizer.py`` (same check order:
+:func:`sim.roce.classify`, the Python reference of ``hw/net/depacketizer.py`` (same check order:
 structural errors, then the ICRC, then header errors; InfiniBand Architecture Specification
 vol. 1 rel. 1.4, 9.6 packet header validation and Annex A17 RoCEv2), with the depacketizer's
 ``max_frame_bytes`` (``mtu + 128`` in ``hw/rnic/node.py``). Frames that must pass the ICRC check
 carry a correct ICRC (``sim.roce.encode`` / :func:`fix_icrc`).
 
 For frames that pass the depacketizer the generator also says what the receive demultiplexer
-(``hw/dispatch.py``) does with them: ``demux_drop`` (addressed to another node, or a QPN the
+(``hw/rnic/dispatch.py``) does with them: ``demux_drop`` (addressed to another node, or a QPN the
 NIC does not have: dropped and counted), or which engine gets them (``"responder"`` for
 requests, ``"requester"`` for responses).
 

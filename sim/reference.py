@@ -34,7 +34,7 @@ Semantics modelled
   the local checks (lkey, PD, bounds, ``LOCAL_WRITE``; not checked when the WQE's length is
   0) -> requester ``REM_OP_ERR``, responder CQE ``LOC_PROT_ERR``, nothing written; then a
   SEND longer than the receive buffer -> requester ``REM_INV_REQ_ERR``, responder CQE
-  ``LOC_LEN_ERR``. (This order and the whole-buffer check are those of ``hw/responder.py``;
+  ``LOC_LEN_ERR``. (This order and the whole-buffer check are those of ``hw/rnic/responder.py``;
   the specification does not fix them.)
 * Errors (IBA 10.3.1 "Error" state, 11.6.2): the QP that reports an error moves to ERR; a
   responder that NAKs an access / invalid-request / operational error moves to ERR too (an

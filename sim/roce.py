@@ -1,5 +1,5 @@
 """Pure-Python RoCEv2 frame encoder/decoder: the reference model of the packetizer and
-depacketizer (hw/packetizer.py, hw/depacketizer.py).
+depacketizer (hw/net/packetizer.py, hw/net/depacketizer.py).
 
 Frame layout (InfiniBand Architecture Specification vol. 1 rel. 1.4, chapter 9.2-9.3 for
 BTH and extension headers, Annex A17.4 for the RoCEv2 UDP/IPv4 encapsulation, A17.3.3

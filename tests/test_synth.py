@@ -8,7 +8,7 @@ import pytest
 
 from fpga import synth
 from hw.config import preset
-from hw.link import Link
+from hw.net.link import Link
 
 
 def test_synthesize_small_link(tmp_path):

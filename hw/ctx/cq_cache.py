@@ -5,7 +5,7 @@ Interconnect Context Memory (``MAP_ICM`` with table ``IcmTable.CQ``), the contex
 cached on chip, as for memory keys (:mod:`hw.ctx.mr_cache`). Entry ``k`` (CQ number ``k``)
 sits at ``base + 32 * k``: the :data:`~hw.regmap.CQ_CTX` (ring base and log2 size)
 zero-padded to 32 bytes. The CQ's producer and consumer indices and its error state stay
-in the completion engine (:mod:`hw.completion`), which updates them on every CQE.
+in the completion engine (:mod:`hw.rnic.completion`), which updates them on every CQE.
 
 A :class:`~hw.ctx.ctx_cache.ContextCache` (sets, ways, policy and MSHRs from
 :class:`~hw.config.NicConfig`: ``cq_cache_*``) with two clients:

@@ -2,7 +2,7 @@
 
 Models how a ConnectX-style RNIC keeps its contexts (memory keys, completion queues, ...):
 in Interconnect Context Memory, a region of host memory the driver hands to the NIC at
-start-up (``MAP_ICM``, :mod:`hw.context`), with the entries in use cached on chip. Entry
+start-up (``MAP_ICM``, :mod:`hw.rnic.context`), with the entries in use cached on chip. Entry
 ``k`` of a table sits at ``base + entry_bytes * k`` (the context layout zero-padded to
 ``entry_bytes``). :class:`~hw.ctx.mr_cache.MrCache` and :class:`~hw.ctx.cq_cache.CqCache`
 are the two instances.
@@ -32,7 +32,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..arbiter import StreamArbiter
+from ..lib.arbiter import StreamArbiter
 from ..config import NicConfig
 from ..interfaces import CtxLookup, DmaReadPort, DmaWritePort
 from ..lib.cache import CacheOp, SetAssocCache

@@ -14,7 +14,7 @@ Rules:
   (higher bits of a client's tag are dropped), and restores the client's own tag (bits 13:0,
   upper bits zero) on what comes back.
 * **Reads.** Requests are granted round robin among the clients (the one after the last
-  grant wins, :class:`~hw.arbiter.StreamArbiter`). Read data and its ready are routed by tag
+  grant wins, :class:`~hw.lib.arbiter.StreamArbiter`). Read data and its ready are routed by tag
   bits 15:14, beat by beat, so data of different clients may come back in any order and even
   interleaved (the DMA read engine delivers one port's data in request order, so each client
   sees its answers in its own order). A beat whose tag names no client is dropped.
@@ -38,7 +38,7 @@ from amaranth.hdl import Cat, Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..arbiter import StreamArbiter
+from ..lib.arbiter import StreamArbiter
 from ..interfaces import (DMA_USER_TAG_BITS, DmaReadPort, DmaWritePort, dma_rd_req_layout,
                           dma_wr_layout)
 from ..lib.checks import check_int, check_pow2

@@ -2,7 +2,7 @@
 
 Models where a ConnectX-style RNIC keeps its memory-key contexts (the mlx5 PRM calls them
 MKey contexts, the MPT of older Mellanox NICs): in Interconnect Context Memory, a region of
-host memory the driver hands to the NIC at start-up (``MAP_ICM``, :mod:`hw.context`), with
+host memory the driver hands to the NIC at start-up (``MAP_ICM``, :mod:`hw.rnic.context`), with
 the entries the NIC uses cached on chip. Entry ``k`` of the table (the MR slot of key
 ``k << 8 | tag``, IBA vol. 1 rel. 1.4, 10.6.3.1 "Keys") sits at ``base + 32 * k``: the
 24-byte :data:`~hw.formats.MR_ENTRY` padded to 32 bytes.

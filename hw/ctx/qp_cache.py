@@ -2,7 +2,7 @@
 
 Models where a ConnectX-style RNIC keeps its queue-pair contexts (the QPC of the mlx5 PRM):
 in Interconnect Context Memory, a region of host memory the driver hands to the NIC at
-start-up (``MAP_ICM``, :mod:`hw.context`), with the contexts of the QPs in use cached on
+start-up (``MAP_ICM``, :mod:`hw.rnic.context`), with the contexts of the QPs in use cached on
 chip. A NIC that serves more QPs than its cache holds reads contexts over PCIe: the
 connection-scalability cliff that FaRM, eRPC and SMART (ASPLOS'24, section 3) describe.
 Entry ``q`` (QP number ``q``) sits at ``base + 32 * q``: the 235-bit

@@ -48,7 +48,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from ..arbiter import StreamArbiter
+from ..lib.arbiter import StreamArbiter
 from ..config import NicConfig
 from ..formats import WQE, WQE_BYTES
 from ..interfaces import DmaReadPort

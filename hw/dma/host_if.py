@@ -11,7 +11,7 @@ transaction layer does (PCI Express Base Specification 4.0, 2.4 "Transaction ord
 * **up** (host -> NIC): read completions go to the read engine, write responses to the write
   engine, by the kind in the first beat's header; always accepted.
 
-Counters (one-cycle values for :mod:`hw.counters`): ``stat_down_bytes`` / ``stat_up_bytes``
+Counters (one-cycle values for :mod:`hw.rnic.counters`): ``stat_down_bytes`` / ``stat_up_bytes``
 are the link bytes of the TLP whose first beat moves this cycle, header and framing included
 (``tlp_overhead`` per TLP, :mod:`hw.dma.tlp`); ``stat_mrd``, ``stat_mwr``, ``stat_cpld``
 count TLPs; ``stat_err`` completions and write responses with an error status; ``stat_bad``

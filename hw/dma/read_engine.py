@@ -64,7 +64,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2, exact_log2
 
-from ..arbiter import round_robin_pick
+from ..lib.arbiter import round_robin_pick
 from ..formats import TLP_DOWN_HDR, TlpKind, TlpStatus
 from ..interfaces import DMA_MAX_LEN, DmaReadPort, TlpUp
 from ..lib.checks import check_int, check_pow2

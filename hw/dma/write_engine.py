@@ -37,7 +37,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from ..arbiter import round_robin_pick
+from ..lib.arbiter import round_robin_pick
 from ..formats import TLP_UP_HDR, TlpKind, TlpStatus
 from ..interfaces import DMA_USER_TAG_BITS, DmaWritePort, TlpDown
 from ..lib.checks import check_int, check_pow2

@@ -19,7 +19,7 @@ through unchanged, so a client sees the port it would have had alone, only share
 
 ``depth`` bounds the requests (writes) granted and not yet answered; when it is reached the
 merge grants nothing more until an answer comes. No latency is added: grants and routing are
-combinational (the arbiter is :class:`~hw.arbiter.StreamArbiter`'s round robin).
+combinational (the arbiter is :class:`~hw.lib.arbiter.StreamArbiter`'s round robin).
 
 Parameters: ``data_bytes`` (a power of two in [8, 64]), ``n`` inputs in [1, 16], ``depth``
 in [2, 256] (a power of two).

@@ -1,12 +1,12 @@
 """Priority merge of two streams whose offers are sticky.
 
 Two state machines that share one output (the requester's response engine and send engine
-share the completion path and the QP-error request, hw/requester.py) each *offer* an item and
+share the completion path and the QP-error request, hw/rnic/requester.py) each *offer* an item and
 hold it until it is taken. Input 0 wins when both offer in the same cycle; once an item is
 presented on ``o`` and not taken, the grant stays with its input until it is, so the output
 obeys the stream rule (a presented payload stays stable until accepted) and input 0 never
 overtakes an item of input 1 that is already on the output. Combinational: no added
-latency; a two-input :class:`~hw.arbiter.StreamArbiter` grants round robin instead.
+latency; a two-input :class:`~hw.lib.arbiter.StreamArbiter` grants round robin instead.
 
 Parameters: ``layout`` (the payload's shape).
 

@@ -1,12 +1,21 @@
-"""The RNIC: one node (``node.py``: :class:`Rnic`, every block wired together) and the
-blocks split out of the requester and the responder (issue 8, section 6).
+"""The RNIC: one node (``node.py``: :class:`Rnic`, every block wired together) and its blocks.
 
-* ``response_queue.py``: the responder's ordered response queue, READ prefetcher and
-  transmitter;
-* ``packet_emitter.py``: the requester's header FIFO and payload buffer, store and forward.
+* host-facing: the MMIO front end (``mmio.py``), doorbell registers and BlueFlame
+  (``doorbell.py``, ``bf_buffer.py``), the command interface and QP state machine
+  (``context.py``), asynchronous events (``events.py``), counters (``counters.py``);
+* the requester: send engine and per-QP state (``requester.py``), its processing units
+  (``requester_units.py``), WQE fetch (``fetch_issuer.py``, ``wqe_fetch.py``), local checks
+  and request headers (``wqe_check.py``, ``request_header.py``), the packet emitter
+  (``packet_emitter.py``), the response engine (``response_engine.py``,
+  ``response_check.py``), the completion path (``completion_gate.py``), the tracker's
+  layout (``tracker.py``), retry timers (``retry_timer.py``);
+* the responder (``responder.py``), its checks (``request_check.py``), write gate
+  (``responder_gate.py``) and ordered response queue (``response_queue.py``), the atomic
+  unit (``atomic.py``);
+* the completion engine (``completion.py``) and the receive demux (``dispatch.py``).
 
-The other blocks still live one level up (``hw/requester.py``, ``hw/responder.py``, ...);
-they move here as they are split.
+The network side is in ``hw/net/``, context caches in ``hw/ctx/``, the host interface in
+``hw/dma/``, shared blocks in ``hw/lib/``.
 """
 
 __all__ = ["Rnic"]

@@ -28,7 +28,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .. import formats
-from ..arbiter import StreamArbiter
+from ..lib.arbiter import StreamArbiter
 from ..formats import WcStatus
 from ..interfaces import DMA_WR_DONE, CqeRequest, QpErrRequest
 from ..lib.checks import check_int

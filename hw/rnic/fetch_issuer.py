@@ -11,7 +11,7 @@ the QP in flight; at most one batch per QP keeps its WQEs in order) and looks up
 by the requester (``plan``: the first WQE's address and index, how many WQEs, at most
 ``wqe_batch``) and the read request is held in a register until the WQE fetcher takes it
 (``req``; an offered request stays valid and stable). If the QP's next WQE arrived by
-BlueFlame (hw/bf_buffer.py) that copy is used instead of a DMA read; a DMA read drops the
+BlueFlame (hw/rnic/bf_buffer.py) that copy is used instead of a DMA read; a DMA read drops the
 copies it makes useless. The batch, with the context, enters a FIFO (``batch``) in issue
 order, which is the order the fetched WQEs come back in; the send engine takes them from
 there. A context that could not be read is queued as a bad batch with nothing fetched (the
@@ -41,11 +41,11 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .. import regmap
-from ..bf_buffer import SQ_BF, BlueFlameBuffer
+from .bf_buffer import SQ_BF, BlueFlameBuffer
 from ..config import NicConfig
 from ..interfaces import CtxLookup
 from ..lib.checks import check_int
-from ..wqe_fetch import fetch_request_layout
+from .wqe_fetch import fetch_request_layout
 
 __all__ = ["FetchIssuer", "batch_plan", "fetched_batch"]
 

@@ -38,30 +38,30 @@ from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..arbiter import PacketArbiter, StreamArbiter
-from ..completion import Completion
+from ..lib.arbiter import PacketArbiter, StreamArbiter
+from .completion import Completion
 from ..config import NicConfig
-from ..context import Context
-from ..counters import Counters
+from .context import Context
+from .counters import Counters
 from ..ctx.cq_cache import CqCache
 from ..ctx.icm_port import IcmPort
 from ..ctx.mr_cache import MR_ICM_ENTRY_BYTES, MrCache
 from ..ctx.qp_cache import QpCache
-from ..depacketizer import Depacketizer
-from ..dispatch import PacketDemux
+from ..net.depacketizer import Depacketizer
+from .dispatch import PacketDemux
 from ..dma.host_if import HostInterface
 from ..dma.read_engine import ring_words_for
-from ..doorbell import Doorbells
-from ..events import AsyncEvents
+from .doorbell import Doorbells
+from .events import AsyncEvents
 from ..formats import RECV_WQE_BYTES, WQE_BYTES
 from ..interfaces import BeatStream, MmioPort, TlpDown, TlpUp
 from ..lib.csr import BusDecoder
-from ..mmio import MmioFrontend
-from ..link import Link
-from ..packetizer import Packetizer
+from .mmio import MmioFrontend
+from ..net.link import Link
+from ..net.packetizer import Packetizer
 from ..regmap import DMA_READ_CLIENTS, DMA_WRITE_CLIENTS, Counter, register_map
 from .requester_units import RequesterUnits
-from ..responder import Responder
+from .responder import Responder
 
 __all__ = ["Rnic"]
 

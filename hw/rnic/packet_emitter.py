@@ -2,7 +2,7 @@
 
 Models the last stage of the RNIC's send engine (InfiniBand Architecture Specification vol. 1
 rel. 1.4, 9.7.1 / 9.7.2: a request packet is its headers followed by at most one path MTU
-of payload). The send FSM of :class:`~hw.requester.Requester` queues one descriptor per
+of payload). The send FSM of :class:`~hw.rnic.requester.Requester` queues one descriptor per
 request packet (``desc``: the packet's :data:`~hw.formats.PKT_META`, its QP and the tracker
 slot of its message; a FIFO of ``cfg.desc_depth``) and asks the host for the packet's
 payload with a DMA read whose data arrives on ``pay``. The emitter sends each header on

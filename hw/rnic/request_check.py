@@ -1,9 +1,9 @@
 """The responder's checks of one request packet against its QP and memory region.
 
-The responder (hw/responder.py) takes one request packet at a time; this block is what it
+The responder (hw/rnic/responder.py) takes one request packet at a time; this block is what it
 decides from the packet's headers, the QP's responder state and context and the memory
 region the key names (IBA vol. 1 rel. 1.4, 9.7.5.1 responder checks; the order in which the
-responder applies them is in hw/responder.py):
+responder applies them is in hw/rnic/responder.py):
 
 * the opcode's class (SEND / WRITE first or continuing, last packet, full packet, with
   immediate, READ, atomic) and whether the NIC knows it (``known``);

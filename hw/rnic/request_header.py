@@ -11,7 +11,7 @@ a WRITE with immediate whose WQE asks for it (9.2.2); every last packet asks for
 acknowledgement (9.7.2). A READ resumed after a retransmission asks only for what it does
 not have (``skip_bytes`` of its data, 9.7.5.1.5).
 
-Combinational; the send engine holds its inputs in registers (hw/requester.py).
+Combinational; the send engine holds its inputs in registers (hw/rnic/requester.py).
 
 Parameters: ``mtu`` (the path MTU in bytes, 256 .. 4096).
 

@@ -5,7 +5,7 @@ parallel (SMART, ASPLOS 2024, section 2.2: the NIC's processing rate, 111 Mops o
 READs on a ConnectX-6, is that of its units together; one unit cannot reach it). Issue 8
 section 4 asks for the card's peak to emerge from named pipeline resources, not from a cap on
 the output. This block is that resource for the requester: ``NicConfig.n_pus`` copies of
-:class:`~hw.requester.Requester` (send engine, response engine, tracker, retry timers, WQE
+:class:`~hw.rnic.requester.Requester` (send engine, response engine, tracker, retry timers, WQE
 cache, BlueFlame buffer, payload buffer), each with the state of the QPs whose
 ``qpn % n_pus`` is its index.
 
@@ -16,8 +16,8 @@ CQEs of different QPs in one CQ). Around them:
 
 * inbound, routed by QPN: doorbells, BlueFlame WQEs, QP events, and response packets (by
   their destination QP; a packet's payload follows its header to the same unit);
-* outbound, merged round robin: request packets (:class:`~hw.arbiter.PacketArbiter`, packets
-  whole), completions and error requests (:class:`~hw.arbiter.StreamArbiter`), and the DMA
+* outbound, merged round robin: request packets (:class:`~hw.lib.arbiter.PacketArbiter`, packets
+  whole), completions and error requests (:class:`~hw.lib.arbiter.StreamArbiter`), and the DMA
   ports (:mod:`hw.lib.dma_merge`: the host interface still sees one WQE-fetch, one payload,
   one WQE re-read and one write client, so its counters stay per kind of transfer);
 * context lookups: each unit has its own QP-context and MR-cache lookup ports (``qpc_tx``,
@@ -32,7 +32,7 @@ other requester resource named in :class:`~hw.config.NicConfig` (``fetch_depth``
 ``bf_entries``, ``pay_buffers``, ``desc_depth``, ``gate_depth``, ``max_outstanding`` per QP)
 is per unit. With ``n_pus = 1`` this block is plain wiring around one requester.
 
-Ports: those of :class:`~hw.requester.Requester` with node-wide QPNs, except that ``qpc_tx``,
+Ports: those of :class:`~hw.rnic.requester.Requester` with node-wide QPNs, except that ``qpc_tx``,
 ``qpc_fetch`` and ``mr`` are arrays of ``n_pus`` lookups and the counter outputs are sums.
 """
 
@@ -42,11 +42,11 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.utils import ceil_log2, exact_log2
 
-from ..arbiter import PacketArbiter, StreamArbiter
+from ..lib.arbiter import PacketArbiter, StreamArbiter
 from ..config import NicConfig
 from ..interfaces import CQE_REQUEST
 from ..lib.dma_merge import DmaReadMerge, DmaWriteMerge
-from ..requester import COUNTS, Requester, requester_ports
+from .requester import COUNTS, Requester, requester_ports
 
 __all__ = ["RequesterUnits", "unit_config"]
 

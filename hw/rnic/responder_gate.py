@@ -1,6 +1,6 @@
 """The responder's write gate and what leaves it: receive completions and responses.
 
-The responder (hw/responder.py) announces what it did, in order, as items: a receive CQE
+The responder (hw/rnic/responder.py) announces what it did, in order, as items: a receive CQE
 (IBA vol. 1 rel. 1.4, 10.8) or a response descriptor for the ordered response queue (an ACK
 or NAK, a READ, an atomic acknowledge: hw/rnic/response_queue.py). An item must not be
 announced before the host has taken the payload the responder wrote before it: an ACK

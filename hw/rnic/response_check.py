@@ -1,6 +1,6 @@
 """What a response packet means for the oldest outstanding message of its QP.
 
-The requester's response engine (hw/requester.py) takes one packet of ``rx`` at a time (an
+The requester's response engine (hw/rnic/requester.py) takes one packet of ``rx`` at a time (an
 ACK or NAK, a READ response packet, an atomic acknowledge) and compares it with the head of
 its QP's tracker (hw/rnic/tracker.py): this block is that comparison, following IBA vol. 1
 rel. 1.4, 9.7.5.1 (requester's response checks):

@@ -11,14 +11,14 @@ PSN sequence NAK, a lost READ response packet or an ACK that implies one asks fo
 (9.7.5.2.8). A payload the host failed to read for a request packet (``perr``, from the
 packet emitter) fails its message with LOC_PROT_ERR.
 
-The per-QP state is the requester's (memories indexed by QP, hw/requester.py): the engine
+The per-QP state is the requester's (memories indexed by QP, hw/rnic/requester.py): the engine
 names the QP it works on (``qpn``), sees that QP's fields in ``view`` in the same cycle and
 says what happens to them in ``ev`` (pop the head message, progress, ERR, rewind, RNR wait,
 a READ / atomic credit returned); the requester applies those writes. The head message's
 WQE fields (where the data goes, wr_id, length) come from the WQE cache (``info``, request /
 response); the response that completes the message frees the cache entry.
 
-Deadlock freedom (hw/requester.py, rule 1): the engine never waits on the transmit path
+Deadlock freedom (hw/rnic/requester.py, rule 1): the engine never waits on the transmit path
 or the send engine, only on ``wr`` (the host always drains writes), ``cqe`` and ``err``.
 
 States: R_IDLE (take a response, or a payload error), R_LOOK / R_INFO (the head message's

@@ -5,7 +5,7 @@ rel. 1.4, 9.7.5 "Responder: generating responses"; 9.5 ordering): the responder 
 ACKs, NAKs, READ responses and atomic acknowledges in the order of the requests, so every
 response of every QP goes through ONE ordered queue (a ``lib.memory`` ring of
 ``n_qps * max_outstanding`` descriptors, :data:`RESP_ENTRY`) and leaves strictly in queue
-order. The request FSM of :class:`~hw.responder.Responder` writes a descriptor and goes on
+order. The request FSM of :class:`~hw.rnic.responder.Responder` writes a descriptor and goes on
 with the next request: it never waits for ``tx`` (rule 1 of the responder's "Deadlock
 freedom").
 

@@ -1,7 +1,7 @@
 """The requester's per-QP list of outstanding messages: entry layout and PSN arithmetic.
 
 Each QP has ``max_outstanding`` tracker slots in one memory of the requester
-(hw/requester.py): the messages between the oldest not completed (``ci``, the list's head)
+(hw/rnic/requester.py): the messages between the oldest not completed (``ci``, the list's head)
 and the next to send (``fi``, its tail), in send order. An entry holds what the response
 engine needs to match responses to the message (IBA vol. 1 rel. 1.4, 9.7.5.1) and to
 complete it in order (10.8); the WQE's own fields are in the WQE cache (hw/ctx/wqe_cache.py).

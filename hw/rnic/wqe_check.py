@@ -9,7 +9,7 @@ when the NIC writes into it (a READ's or atomic's destination; ``LOC_PROT_ERR``)
 host could not read (``wqe_err``) fails with ``LOC_QP_OP_ERR``.
 
 Combinational: the send engine registers the WQE and the MR entry and uses ``status`` and
-``op`` in its CHECK state (hw/requester.py).
+``op`` in its CHECK state (hw/rnic/requester.py).
 
 Parameters: ``mtu`` (the path MTU in bytes, 256 .. 4096): ``npkts`` is the number of PSNs
 the message uses (one for a READ, an atomic or an empty message; a READ asks for its

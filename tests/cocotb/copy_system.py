@@ -10,7 +10,7 @@
 Not part of the NIC: :class:`CopySystem` puts :class:`~tests.cocotb.dma_copy.DmaCopy` on one
 read and one write client of a :class:`~hw.dma.host_if.HostInterface` configured as the NIC's
 (tags, MRRS, MPS, TLP overhead from ``cfg.nic``), its registers behind the NIC's
-:class:`~hw.mmio.MmioFrontend`, and the host side of ``cfg`` (:class:`~hw.host.host_side.HostSide`:
+:class:`~hw.rnic.mmio.MmioFrontend`, and the host side of ``cfg`` (:class:`~hw.host.host_side.HostSide`:
 PCIe link model both ways, the Python or the RTL host, the MMIO master). HostSide's
 Python-facing ports are at the top level prefixed ``h_`` (``h_mmio_cmd``, ``h_mmio_resp``,
 ``h_py_*`` for the Python host, ``h_cpu``, ``h_cpu_rdata``, ``h_wtap`` for the RTL host), as
@@ -32,7 +32,7 @@ from hw.config import SystemConfig, preset
 from hw.dma.host_if import HostInterface
 from hw.dma.read_engine import ring_words_for
 from hw.host.host_side import HostSide
-from hw.mmio import MmioFrontend
+from hw.rnic.mmio import MmioFrontend
 from .dma_copy import DmaCopy
 
 __all__ = ["CopySystem", "copy_config", "RTL_MEM_BYTES"]

@@ -459,7 +459,7 @@ async def test_stale_error_after_reset(dut):
     """Regression test (bug found by the 100k fuzz run, seed 2; fixed in 069356d). A request
     the responder is still executing when its QP is reset must not touch the QP's next
     incarnation (IBA 10.3.1: RESET discards the QP's state; the responder cancels the
-    packet's state write-back, hw/responder.py). Reproducer: a SEND_ONLY of 100 bytes to a QP
+    packet's state write-back, hw/rnic/responder.py). Reproducer: a SEND_ONLY of 100 bytes to a QP
     whose only receive WQE holds 16 bytes (LOC_LEN_ERR, NAK invalid request, QP to ERR); the
     receive-WQE fetch takes over 4 us (host memory latency), and meanwhile the driver moves the QP
     to RESET and INIT. When the packet finishes, the QP must still be in INIT (RTR accepted)."""
@@ -487,6 +487,6 @@ async def test_stale_error_after_reset(dut):
     except CommandError as e:
         raise AssertionError(f"the QP, reset and moved to INIT while an old request was being "
                              f"executed, was forced to ERR by that request: {e}") from None
-    # (the old packet's LOC_LEN_ERR completion still arrives: documented in hw/responder.py;
+    # (the old packet's LOC_LEN_ERR completion still arrives: documented in hw/rnic/responder.py;
     # polled last because verbs marks the QP as ERR when it sees an error completion)
     dut._log.info(f"completions of the old packet: {await fz['recv_cq'].poll_cq(4)}")

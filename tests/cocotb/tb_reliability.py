@@ -1,6 +1,6 @@
 """cocotb tests of the reliable-connection transport under faults (hw/system.py on Verilator).
 
-Run through tests/test_reliability.py. The link fault injectors (hw/fault.py) lose,
+Run through tests/test_reliability.py. The link fault injectors (hw/net/fault.py) lose,
 duplicate, reorder and corrupt frames; the scoreboard compares every completion and every
 byte of memory against the pure-Python reference model (which knows nothing of faults: the
 transport must hide them), and fetch-and-add counters shared by every QP prove that no

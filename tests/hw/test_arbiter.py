@@ -6,7 +6,7 @@ import pytest
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
-from hw.arbiter import PacketArbiter, StreamArbiter
+from hw.lib.arbiter import PacketArbiter, StreamArbiter
 
 LAYOUT = data.StructLayout({"src": 4, "seq": 12})
 

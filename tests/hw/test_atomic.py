@@ -5,7 +5,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from hw.atomic import AtomicUnit, ATOMIC_CAS, ATOMIC_FAA
+from hw.rnic.atomic import AtomicUnit, ATOMIC_CAS, ATOMIC_FAA
 from sim.host import HostMemory
 from tests.hw.dma_models import PortMemorySim, tick_until
 

@@ -1,4 +1,4 @@
-"""BlueFlame buffer (hw/bf_buffer.py) against a Python model: random writes, lookups, takes
+"""BlueFlame buffer (hw/rnic/bf_buffer.py) against a Python model: random writes, lookups, takes
 and invalidations; every copy counted once as used or as dropped."""
 
 import random
@@ -7,7 +7,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from hw import formats
-from hw.bf_buffer import BlueFlameBuffer
+from hw.rnic.bf_buffer import BlueFlameBuffer
 
 
 class Model:

@@ -16,7 +16,7 @@ from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from hw import formats, regmap
-from hw.completion import Completion
+from hw.rnic.completion import Completion
 from hw.config import NicConfig
 from hw.interfaces import AsyncEventType
 from sim.host import HostMemory

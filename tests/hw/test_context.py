@@ -1,4 +1,4 @@
-"""Unit tests of the context tables and the command interface (hw/context.py)."""
+"""Unit tests of the context tables and the command interface (hw/rnic/context.py)."""
 
 import itertools
 
@@ -6,7 +6,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from hw.config import NicConfig
-from hw.context import Context
+from hw.rnic.context import Context
 from hw.formats import MR_ENTRY, QpState, Access
 from hw.regmap import (Reg, Cmd, CmdStatus, QP_CTX, CQ_CTX, ARG_BASE, ID_VALUE,
                        LEGAL_TRANSITIONS, IcmTable)
@@ -267,10 +267,10 @@ def test_state_machine_every_transition():
 def test_state_machine_follows_a_changed_table(monkeypatch):
     """Mutation check of the test above: the RTL is generated from LEGAL_TRANSITIONS, so a
     wrongly changed table changes what the RTL accepts, and the oracle comparison fails."""
-    import hw.context
+    import hw.rnic.context
     wrong = (set(LEGAL_TRANSITIONS) - {("INIT", "INIT"), ("RESET", "ERR")}
              | {("RTR", "INIT"), ("RTS", "RTR")})
-    monkeypatch.setattr(hw.context, "LEGAL_TRANSITIONS", wrong)
+    monkeypatch.setattr(hw.rnic.context, "LEGAL_TRANSITIONS", wrong)
     accepted = observed_transitions(Context(CFG))
     assert accepted == wrong and accepted != set(IBA_10_3_1)
 

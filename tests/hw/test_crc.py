@@ -1,4 +1,4 @@
-"""Parallel CRC-32 (hw/crc.py) against zlib.crc32."""
+"""Parallel CRC-32 (hw/net/crc.py) against zlib.crc32."""
 
 import random
 import re
@@ -8,7 +8,7 @@ import pytest
 from amaranth.back import verilog
 from amaranth.sim import Simulator
 
-from hw.crc import Crc32Update, raw_update, solve_state, CRC32_RESIDUE, check_data_bytes
+from hw.net.crc import Crc32Update, raw_update, solve_state, CRC32_RESIDUE, check_data_bytes
 
 
 def test_python_helpers():
@@ -104,7 +104,7 @@ def test_crc_every_nbytes(w):
 
 def test_verilog_not_bit_blasted():
     # The matrix rows come from a ROM so that the Verilog evaluates each output bit as one
-    # wide AND and a reduction XOR (hw/crc.py docstring). With the rows as Const operands the
+    # wide AND and a reduction XOR (hw/net/crc.py docstring). With the rows as Const operands the
     # Verilog back end folds the AND bit by bit: at W=64, 28,783 bit/part selects in the
     # assignments and lines of up to 3.9 k characters, against 903 and 298 now.
     text = verilog.convert(Crc32Update(64), name="crc", emit_src=False)

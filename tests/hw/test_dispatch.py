@@ -1,10 +1,10 @@
-"""Unit test of the receive-side packet demux (hw/dispatch.py)."""
+"""Unit test of the receive-side packet demux (hw/rnic/dispatch.py)."""
 
 import random
 
 from amaranth.sim import Simulator
 
-from hw.dispatch import PacketDemux
+from hw.rnic.dispatch import PacketDemux
 from hw.formats import BthOpcode
 
 W = 8

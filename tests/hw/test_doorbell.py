@@ -1,4 +1,4 @@
-"""Unit tests of the doorbell registers (hw/doorbell.py) and the counters (hw/counters.py)."""
+"""Unit tests of the doorbell registers (hw/rnic/doorbell.py) and the counters (hw/rnic/counters.py)."""
 
 import pytest
 from amaranth import *
@@ -6,8 +6,8 @@ from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from hw.config import NicConfig
-from hw.counters import Counters
-from hw.doorbell import Doorbells
+from hw.rnic.counters import Counters
+from hw.rnic.doorbell import Doorbells
 from hw.regmap import Reg, DOORBELL_BASE
 
 from .mmio_bus import BehindDecoder, mmio_read, mmio_write

@@ -6,7 +6,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from hw.fault import (ALWAYS, COUNTERS, ZERO_SEED_STATE, FaultInjector, FrameMerger,
+from hw.net.fault import (ALWAYS, COUNTERS, ZERO_SEED_STATE, FaultInjector, FrameMerger,
                       xorshift32)
 
 HOLD = 64          # hold_cycles used by most tests (short idle release)

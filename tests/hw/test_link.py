@@ -7,8 +7,8 @@ from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
 from hw.config import preset
-from hw.fault import COUNTERS, ZERO_SEED_STATE, xorshift32
-from hw.link import Link, link_params
+from hw.net.fault import COUNTERS, ZERO_SEED_STATE, xorshift32
+from hw.net.link import Link, link_params
 
 
 def frame_beats(frame, W):

@@ -1,4 +1,4 @@
-"""Packetizer and depacketizer (hw/packetizer.py, hw/depacketizer.py) against sim/roce.py."""
+"""Packetizer and depacketizer (hw/net/packetizer.py, hw/net/depacketizer.py) against sim/roce.py."""
 
 import random
 
@@ -8,7 +8,7 @@ from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from hw.formats import BthOpcode, PKT_META
-from hw.packetizer import Packetizer
+from hw.net.packetizer import Packetizer
 from sim import roce
 
 
@@ -189,7 +189,7 @@ def test_packetizer_bad_width():
 
 import struct  # noqa: E402
 
-from hw.depacketizer import Depacketizer  # noqa: E402
+from hw.net.depacketizer import Depacketizer  # noqa: E402
 
 
 def rebuild(frame_wo_icrc):

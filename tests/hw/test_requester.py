@@ -23,7 +23,7 @@ from amaranth.sim import Simulator
 from hw import formats, regmap
 from hw.config import NicConfig
 from hw.formats import WcOpcode, WcStatus as S
-from hw.requester import Requester
+from hw.rnic.requester import Requester
 from tests.hw.lookup_model import TableLookup
 
 # integer mirrors of the opcode enums, for arithmetic in the models
@@ -221,7 +221,7 @@ def run(world, script, max_cycles=20000):
     dut = bench.dut
     rng = world.rng
     bp = world.bp
-    from hw.requester import STATS as stat_names
+    from hw.rnic.requester import STATS as stat_names
     stat_names = stat_names + ["stat_bf_miss", "stat_dma_err", "stat_wqe_hit", "stat_wqe_miss",
                                "stat_wqe_evict"]
     world.stats = {s: 0 for s in stat_names}
@@ -1587,7 +1587,7 @@ def test_read_data_write_failure(signaled):
 
 
 # ---------------------------------------------------------------------------------------
-# BlueFlame (hw/bf_buffer.py): WQEs handed over with their doorbell
+# BlueFlame (hw/rnic/bf_buffer.py): WQEs handed over with their doorbell
 
 
 def test_blueflame_posts_need_no_wqe_fetch():

@@ -21,7 +21,7 @@ ACK = formats.AethSyndrome.ACK.value
 
 
 class StrictResponder:
-    """The remote responder's PSN handling (as hw/responder.py does it), with losses.
+    """The remote responder's PSN handling (as hw/rnic/responder.py does it), with losses.
 
     ``lose``: {(q, psn): n} drop the request packet with that PSN the first n times it
     arrives in sequence; ``lose_resp``: {(q, psn): n} drop n times the response packet with

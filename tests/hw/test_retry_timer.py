@@ -3,7 +3,7 @@
 import pytest
 from amaranth.sim import Simulator
 
-from hw.retry_timer import RetryTimer, rnr_ticks, ack_timeout_ticks, RNR_TIMER_US
+from hw.rnic.retry_timer import RetryTimer, rnr_ticks, ack_timeout_ticks, RNR_TIMER_US
 
 TICK = 4          # clock cycles per 1.024 us tick in these tests
 NQ = 4

@@ -6,7 +6,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from hw import formats
-from hw.wqe_fetch import WqeFetch
+from hw.rnic.wqe_fetch import WqeFetch
 from sim.host import HostMemory
 from tests.hw.dma_models import PortMemorySim, tick_until
 

@@ -19,8 +19,8 @@ from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from .interfaces import ASYNC_EVENT, AsyncEventStream, MmioSignature
-from .lib.csr import window_addr_width
+from ..interfaces import ASYNC_EVENT, AsyncEventStream, MmioSignature
+from ..lib.csr import window_addr_width
 
 __all__ = ["AsyncEvents"]
 

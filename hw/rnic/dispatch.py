@@ -11,8 +11,8 @@ from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .formats import BthOpcode
-from .interfaces import PacketOut
+from ..formats import BthOpcode
+from ..interfaces import PacketOut
 
 __all__ = ["PacketDemux", "RESPONSE_OPCODES"]
 

@@ -21,8 +21,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from .interfaces import PacketOut
-from .lib.encoder import round_robin_pick
+from ..interfaces import PacketOut
+from .encoder import round_robin_pick
 
 __all__ = ["StreamArbiter", "PacketArbiter", "round_robin_pick"]
 

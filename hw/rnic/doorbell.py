@@ -48,15 +48,15 @@ from amaranth import *
 from amaranth.lib import wiring, stream, data, fifo, memory
 from amaranth.lib.wiring import In, Out
 
-from .config import NicConfig
+from ..config import NicConfig
 from .context import DB_INDEX_BITS
 from .bf_buffer import SQ_BF
-from .formats import DOORBELL, WQE
+from ..formats import DOORBELL, WQE
 from .mmio import BF_WRITE
-from .interfaces import MmioSignature, Lookup, DoorbellEvent
-from .lib.csr import window_addr_width
-from .lib.ready_queue import ReadyQueue
-from .regmap import BLUEFLAME_BASE, Reg
+from ..interfaces import MmioSignature, Lookup, DoorbellEvent
+from ..lib.csr import window_addr_width
+from ..lib.ready_queue import ReadyQueue
+from ..regmap import BLUEFLAME_BASE, Reg
 from amaranth.utils import ceil_log2
 
 __all__ = ["Doorbells", "CQ_DB_LAYOUT"]

@@ -23,8 +23,8 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .interfaces import MmioPort, MmioSignature
-from .regmap import BLUEFLAME_BASE, BLUEFLAME_BYTES
+from ..interfaces import MmioPort, MmioSignature
+from ..regmap import BLUEFLAME_BASE, BLUEFLAME_BYTES
 
 __all__ = ["MmioFrontend", "BF_WRITE"]
 

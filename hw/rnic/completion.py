@@ -41,11 +41,11 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from . import formats, regmap
-from .config import NicConfig
-from .lib.encoder import first_set
-from .lib.mem_array import MemArray
-from .interfaces import (AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, CtxLookup,
+from .. import formats, regmap
+from ..config import NicConfig
+from ..lib.encoder import first_set
+from ..lib.mem_array import MemArray
+from ..interfaces import (AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, CtxLookup,
                          DmaWritePort, QpErrRequest)
 
 __all__ = ["Completion", "CQ_DB"]

@@ -31,7 +31,7 @@ Structure
       the order they came, and the QPs that may need a rewind or a flush in a third (the
       service queue: woken by the writes that can start one, looked at by the send FSM in
       IDLE, queued again while they must wait);
-    * a :class:`~hw.wqe_fetch.WqeFetch` reads up to :data:`WQE_BATCH` consecutive WQEs with one
+    * a :class:`~hw.rnic.wqe_fetch.WqeFetch` reads up to :data:`WQE_BATCH` consecutive WQEs with one
       DMA read; the engine sends them back to back while the QP may still issue and drops
       (re-fetches later) the rest;
     * up to ``fetch_depth`` such batches (of different QPs, at most one per QP) are fetched
@@ -88,7 +88,7 @@ The requester breaks it with three rules:
    ``SEND_META`` state until the packet emitter has made room), because nothing in (1)
    waits for it. Payload DMA data always has reserved buffer room (see above), so the send
    path never back-pressures the shared DMA read-response stream; fetched WQEs likewise go
-   into the reserved slots of :class:`~hw.wqe_fetch.WqeFetch` (``WQE_BATCH * fetch_depth``
+   into the reserved slots of :class:`~hw.rnic.wqe_fetch.WqeFetch` (``WQE_BATCH * fetch_depth``
    slots; a fetch is issued only when its slots are reserved).
 3. **Shared per-QP state is updated consistently.** The send FSM owns ``pi``, ``fi``,
    ``tail``, ``npsn``, ``lerr`` and the tracker entries it appends; the response FSM pops
@@ -127,7 +127,7 @@ response before the completion write); docs/host-interface.md.
 
 Retransmission (IBA 9.7.6, go-back-N)
 -------------------------------------
-A :class:`~hw.retry_timer.RetryTimer` keeps each QP's local ACK timer (4.096 us *
+A :class:`~hw.rnic.retry_timer.RetryTimer` keeps each QP's local ACK timer (4.096 us *
 2**timeout since the last forward progress while requests are outstanding) and RNR timer.
 A rewind of a QP is requested by a PSN sequence NAK (once per retransmission: further NAKs
 are ignored until progress is made), by an ACK timeout, by the end of an RNR wait, or by a
@@ -178,23 +178,23 @@ from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
-from . import formats, regmap
-from .config import NicConfig
-from .formats import WcStatus, WrOpcode
-from .interfaces import (CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
+from .. import formats, regmap
+from ..config import NicConfig
+from ..formats import WcStatus, WrOpcode
+from ..interfaces import (CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, PacketOut, QpErrRequest, QpEvent)
-from .lib.mem_array import MemArray
+from ..lib.mem_array import MemArray
 from .retry_timer import RetryTimer, TICK_NS
-from .lib.ready_queue import ReadyQueue
+from ..lib.ready_queue import ReadyQueue
 from .wqe_fetch import WqeFetch
-from .ctx.wqe_cache import WqeCache
-from .rnic.packet_emitter import PacketEmitter
-from .rnic.request_header import RequestHeader
-from .rnic.response_engine import ResponseEngine
-from .rnic.tracker import TRACKER_ENTRY, psn_le, set_cqe, sq_slot_addr
-from .rnic.wqe_check import WqeCheck
-from .rnic.completion_gate import CompletionGate
-from .rnic.fetch_issuer import FetchIssuer
+from ..ctx.wqe_cache import WqeCache
+from .packet_emitter import PacketEmitter
+from .request_header import RequestHeader
+from .response_engine import ResponseEngine
+from .tracker import TRACKER_ENTRY, psn_le, set_cqe, sq_slot_addr
+from .wqe_check import WqeCheck
+from .completion_gate import CompletionGate
+from .fetch_issuer import FetchIssuer
 from .bf_buffer import SQ_BF
 
 __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH", "requester_ports"]
@@ -204,7 +204,7 @@ __all__ = ["Requester", "TRACKER_ENTRY", "WQE_BATCH", "DESC_DEPTH", "requester_p
 WQE_BATCH = NicConfig.wqe_batch
 #: Request packets queued between the send engine and the packet emitter.
 DESC_DEPTH = NicConfig.desc_depth
-#: WQEs written by BlueFlame kept until they are sent (hw/bf_buffer.py).
+#: WQEs written by BlueFlame kept until they are sent (hw/rnic/bf_buffer.py).
 BF_ENTRIES = NicConfig.bf_entries
 
 STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",

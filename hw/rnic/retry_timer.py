@@ -46,7 +46,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from .lib.mem_array import MemArray
+from ..lib.mem_array import MemArray
 
 __all__ = ["RetryTimer", "TICK_NS", "RNR_TIMER_US", "rnr_ticks", "ack_timeout_ticks", "TIME_BITS"]
 

@@ -22,7 +22,7 @@ command register and eight argument words, see :mod:`hw.regmap`):
   writes it back to ICM when it evicts it. ``SET_MR`` (``SET_CQ``) before the ``MAP_ICM`` of
   its table is refused with ``BAD_STATE``, and so is a second ``MAP_ICM`` of a table (it does
   not move under a live cache);
-* the QP-to-doorbell-register binding used by :mod:`hw.doorbell`.
+* the QP-to-doorbell-register binding used by :mod:`hw.rnic.doorbell`.
 
 The QP states and the doorbell-binding table are memories with combinational read ports,
 one per consumer. A command takes effect in the cycle the ``CMD`` register is
@@ -42,12 +42,12 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from .config import NicConfig
-from .formats import MR_ENTRY, QpState
-from .lib.mem_array import MemArray
-from .interfaces import (MmioSignature, Lookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
-from .lib.csr import window_addr_width
-from .regmap import (CONTROL_BYTES, Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE,
+from ..config import NicConfig
+from ..formats import MR_ENTRY, QpState
+from ..lib.mem_array import MemArray
+from ..interfaces import (MmioSignature, Lookup, QP_LOOKUP, QpEvent, CqEvent, QpErrRequest)
+from ..lib.csr import window_addr_width
+from ..regmap import (CONTROL_BYTES, Reg, Cmd, CmdStatus, IcmTable, QP_CTX, CQ_CTX, ARG_BASE,
                      ARG_WORDS, ID_VALUE, LEGAL_TRANSITIONS)
 
 __all__ = ["Context", "DB_INDEX_BITS"]

@@ -30,10 +30,10 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from . import formats
+from .. import formats
 from .crc import Crc32Update, check_data_bytes, solve_state
-from .formats import BthOpcode, PKT_META
-from .interfaces import BeatStream, PacketOut
+from ..formats import BthOpcode, PKT_META
+from ..interfaces import BeatStream, PacketOut
 
 __all__ = ["Packetizer", "ICRC_INIT", "icrc_mask", "MAX_HEADER_BYTES", "header_groups"]
 

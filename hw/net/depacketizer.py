@@ -4,7 +4,7 @@ Models the receive parser of a RoCEv2 RNIC (InfiniBand Architecture Specificatio
 rel. 1.4: Annex A17.4 RoCEv2 encapsulation, UDP destination port 4791; A17.3.3 invariant
 CRC; chapter 9.2 BTH, 9.3 extended transport headers RETH/AtomicETH/AETH/
 AtomicAckETH/ImmDt; 9.6 packet header validation: unknown opcode, transport version,
-length checks; packets failing them are silently dropped). It is the inverse of :class:`hw.packetizer.Packetizer` and of
+length checks; packets failing them are silently dropped). It is the inverse of :class:`hw.net.packetizer.Packetizer` and of
 ``sim.roce.encode``.
 
 Store-and-forward: each frame is written into a ring of beats in a ``lib.memory.Memory``
@@ -41,10 +41,10 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from . import formats
+from .. import formats
 from .crc import CRC32_RESIDUE, Crc32Update, check_data_bytes
-from .formats import BthOpcode, PKT_META
-from .interfaces import BeatStream, PacketOut
+from ..formats import BthOpcode, PKT_META
+from ..interfaces import BeatStream, PacketOut
 from .packetizer import (ICRC_INIT, MAX_HEADER_BYTES, _ICRC_MASKED_END, byte_keep,
                          header_groups, icrc_mask, shift_mux)
 

@@ -65,9 +65,9 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from .interfaces import DmaReadPort, DmaWritePort
-from .lib.checks import check_int
-from .lib.inflight import InflightTable
+from ..interfaces import DmaReadPort, DmaWritePort
+from ..lib.checks import check_int
+from ..lib.inflight import InflightTable
 
 __all__ = ["AtomicUnit", "atomic_req", "atomic_resp", "ATOMIC_CAS", "ATOMIC_FAA",
            "ATOMIC_DMA_TAG"]

@@ -12,9 +12,9 @@ from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .interfaces import MmioSignature
-from .lib.csr import window_addr_width
-from .regmap import Counter
+from ..interfaces import MmioSignature
+from ..lib.csr import window_addr_width
+from ..regmap import Counter
 
 __all__ = ["Counters"]
 

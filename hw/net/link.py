@@ -27,7 +27,7 @@ from one node's ``tx`` to the other node's ``rx``. Two effects are modelled:
 :class:`hw.lib.delay.DelayLine`, shared with the PCIe link model.) When the FIFO is full the
 link back-pressures ``i``. Between the shaper and the delay line
 the frames pass through :meth:`Link.fault_stage`: with ``faults=True`` a seeded
-:class:`~hw.fault.FaultInjector` (loss, link down, duplication, reordering within a window,
+:class:`~hw.net.fault.FaultInjector` (loss, link down, duplication, reordering within a window,
 single-bit corruption caught by the receiver's ICRC check), otherwise nothing. With its
 controls at 0 the injector is a combinational pass-through and the link never drops or
 reorders beats.
@@ -39,7 +39,7 @@ delivered on ``o``, counting beats with ``last``); with ``faults=True``, the inj
 controls ``fault_seed: In(32)``, ``fault_seed_load: In(1)``, ``fault_loss``, ``fault_dup``,
 ``fault_reorder``, ``fault_corrupt: In(16)``, ``fault_down: In(1)`` and counters
 ``fault_n_frames``, ``fault_n_lost``, ``fault_n_down``, ``fault_n_dup``,
-``fault_n_reordered``, ``fault_n_corrupted: Out(32)`` (see :mod:`hw.fault`).
+``fault_n_reordered``, ``fault_n_corrupted: Out(32)`` (see :mod:`hw.net.fault`).
 """
 
 import math
@@ -50,9 +50,9 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from .fault import CONTROL_WIDTHS, CONTROLS, COUNTERS, FaultInjector, check_params
-from .interfaces import BeatStream, beat_layout
-from .lib.delay import DelayLine
-from .lib.shaper import FRAC_BITS, Shaper
+from ..interfaces import BeatStream, beat_layout
+from ..lib.delay import DelayLine
+from ..lib.shaper import FRAC_BITS, Shaper
 
 __all__ = ["Link", "link_params", "FRAC_BITS"]
 
@@ -86,7 +86,7 @@ class Link(wiring.Component):
     faults : bool, include the fault injector and its ``fault_*`` ports (default False: a
         plain delay line, as the NIC's internal pipeline delays use it; the links of
         :class:`hw.system.TwoNodeSystem` have it).
-    max_frame_bytes, reorder_window, hold_cycles : of the :class:`~hw.fault.FaultInjector`.
+    max_frame_bytes, reorder_window, hold_cycles : of the :class:`~hw.net.fault.FaultInjector`.
     """
 
     #: Smallest delay from input transfer to output valid (the pipeline of the delay line).
@@ -140,7 +140,7 @@ class Link(wiring.Component):
     def fault_stage(self, m, beats):
         """Between the shaper and the delay line: returns the stream to delay.
 
-        Builds a :class:`~hw.fault.FaultInjector` (submodule ``fault``) on ``beats`` and wires
+        Builds a :class:`~hw.net.fault.FaultInjector` (submodule ``fault``) on ``beats`` and wires
         its controls and counters to the ``fault_*`` ports; with ``faults=False`` returns
         ``beats`` unchanged.
         """

@@ -37,8 +37,8 @@ from amaranth.hdl import Array, Const, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from . import formats
-from .lib.checks import check_int
+from .. import formats
+from ..lib.checks import check_int
 
 __all__ = ["BlueFlameBuffer", "SQ_BF"]
 

@@ -7,7 +7,7 @@ Models the RC responder of the InfiniBand Architecture Specification vol. 1 rele
   table and the QP's access rights);
 * 9.4 operations: SEND (consumes a receive WQE), RDMA WRITE (with immediate: consumes a
   receive WQE without placing data in it), RDMA READ (response packets of at most one MTU),
-  COMPARE_SWAP / FETCH_ADD (executed by :class:`~hw.atomic.AtomicUnit`);
+  COMPARE_SWAP / FETCH_ADD (executed by :class:`~hw.rnic.atomic.AtomicUnit`);
 * 9.7.5 responder ACK / NAK generation with the AETH (syndromes of :class:`~hw.formats.AethSyndrome`;
   the MSN counts the completed messages);
 * chapter 10 QP states: requests are only executed in RTR or RTS; fatal errors move the QP
@@ -182,19 +182,19 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from .atomic import AtomicUnit, ATOMIC_CAS, ATOMIC_FAA
-from .config import NicConfig
-from .formats import (BthOpcode as Op, AethSyndrome as Syn, QpState, WcOpcode, WcStatus,
+from ..config import NicConfig
+from ..formats import (BthOpcode as Op, AethSyndrome as Syn, QpState, WcOpcode, WcStatus,
                       PKT_META, RECV_WQE, CQE_FLAG_IMM, MR_ENTRY)
-from .arbiter import StreamArbiter
-from .interfaces import (PacketOut, Lookup, CtxLookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
+from ..lib.arbiter import StreamArbiter
+from ..interfaces import (PacketOut, Lookup, CtxLookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
                          DmaReadPort, DmaWritePort, CqeRequest)
-from .ctx.rq_prefetch import RqPrefetch, RQ_DMA_TAG
-from .rnic.response_queue import (ResponseQueue, RESP_ENTRY, READ_DMA_TAG, RESP_ACK,
+from ..ctx.rq_prefetch import RqPrefetch, RQ_DMA_TAG
+from .response_queue import (ResponseQueue, RESP_ENTRY, READ_DMA_TAG, RESP_ACK,
                                    RESP_READ, RESP_ATOMIC, RESP_ATOMIC_PEND)
-from .lib.checks import check_pow2
-from .rnic.responder_gate import ITEM_CQE, ITEM_RESP, ResponderGate
-from .rnic.request_check import MSG_NONE, MSG_SEND, MSG_WRITE, RSP_STATE, RequestCheck
-from .regmap import QP_CTX, mkey_index  # noqa: F401  (mkey_index: the MR slot computed below is the same function)
+from ..lib.checks import check_pow2
+from .responder_gate import ITEM_CQE, ITEM_RESP, ResponderGate
+from .request_check import MSG_NONE, MSG_SEND, MSG_WRITE, RSP_STATE, RequestCheck
+from ..regmap import QP_CTX, mkey_index  # noqa: F401  (mkey_index: the MR slot computed below is the same function)
 
 __all__ = ["Responder", "RSP_STATE", "RESP_ENTRY", "RNR_TIMER", "UDP_SPORT_BASE",
            "MSG_NONE", "MSG_SEND", "MSG_WRITE", "WQE_DMA_TAG", "READ_DMA_TAG",

@@ -12,7 +12,7 @@ free; ``count`` must be in [1, depth]. If the host fails the read (``err`` on th
 contents must not be used (the requester completes it with ``LOC_QP_OP_ERR``).
 
 A request with ``bf`` set carries its WQE (one, ``count`` = 1: a WQE the host wrote by
-BlueFlame, ``hw/doorbell.py``) and reads nothing: the WQE waits in a FIFO of ``depth``
+BlueFlame, ``hw/rnic/doorbell.py``) and reads nothing: the WQE waits in a FIFO of ``depth``
 entries and comes out in request order with the fetched ones, so that the consumer sees
 the WQEs of all requests in the order they were made whatever the DMA latency.
 
@@ -30,8 +30,8 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from . import formats
-from .interfaces import DmaReadPort
+from .. import formats
+from ..interfaces import DmaReadPort
 
 __all__ = ["WqeFetch", "FETCHED", "fetch_request_layout"]
 

@@ -69,9 +69,9 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from .arbiter import round_robin_pick
-from .interfaces import BeatStream, beat_layout
-from .lib.encoder import first_set
+from ..lib.arbiter import round_robin_pick
+from ..interfaces import BeatStream, beat_layout
+from ..lib.encoder import first_set
 
 __all__ = ["FaultInjector", "FrameMerger", "xorshift32", "ZERO_SEED_STATE", "ALWAYS",
            "COUNTERS", "CONTROLS", "CONTROL_WIDTHS", "check_params"]
