@@ -3,7 +3,8 @@
 * host-facing: the MMIO front end (``mmio.py``), doorbell registers and BlueFlame
   (``doorbell.py``, ``bf_buffer.py``), the command interface and QP state machine
   (``context.py``), asynchronous events (``events.py``), counters (``counters.py``);
-* the requester: send engine and per-QP state (``requester.py``), its processing units
+* the requester: per-QP state and queues (``requester.py``, ``req_state.py``), the send
+  engine (``send_engine.py``), its processing units
   (``requester_units.py``), WQE fetch (``fetch_issuer.py``, ``wqe_fetch.py``), local checks
   and request headers (``wqe_check.py``, ``request_header.py``), the packet emitter
   (``packet_emitter.py``), the response engine (``response_engine.py``,

@@ -7,17 +7,22 @@ the send-queue completions (10.8, 11.4.2), including the flush of outstanding an
 work requests when the QP enters the Error state (10.3.1, 11.6.3).
 
 Structure
-    * a send FSM (the send engine) serialises the send-side actions: apply a QP event, take a
-      doorbell, flush one work request, or send a batch of messages of one QP;
+    * the per-QP state (hw/rnic/req_state.py: one table of fields) is kept here, each field
+      a memory indexed by QP, and reached by the engines through typed ports;
+    * the send engine (:class:`~hw.rnic.send_engine.SendEngine`, a component of its own;
+      "the send FSM" below) serialises the send-side actions: apply a QP event, take a
+      doorbell, flush one work request, or send a batch of messages of one QP. It names the
+      QP it serves (``cur``), sees its fields (``view``) and writes through each field's "tx"
+      port;
     * the response engine (:class:`~hw.rnic.response_engine.ResponseEngine`, a component of
       its own; "the response FSM" below) takes the packets of ``rx`` (ACK/NAK, READ
       responses, atomic acknowledges) one at a time: it writes READ data and atomic results
       to ``dma_wr``, completes the acknowledged messages (``cqe``) and raises ``set_err`` on
       a NAK. It sees the state of the QP it works on (``view``) and reports what happens to
       it (``ev``); this module owns the per-QP memories and applies those writes;
-    * combinational blocks of their own: the local checks of a WQE
-      (:class:`~hw.rnic.wqe_check.WqeCheck`), the header of each request packet
-      (:class:`~hw.rnic.request_header.RequestHeader`) and, inside the response engine, the
+    * combinational blocks of their own: inside the send engine, the local checks of a WQE
+      (:class:`~hw.rnic.wqe_check.WqeCheck`) and the header of each request packet
+      (:class:`~hw.rnic.request_header.RequestHeader`); inside the response engine, the
       classification of a response (:class:`~hw.rnic.response_check.ResponseCheck`); the
       tracker entry and PSN arithmetic are in hw/rnic/tracker.py;
     * scheduling is event-driven (no logic per QP evaluated every cycle): a ready queue
@@ -173,6 +178,8 @@ the QP events); a fenced WQE that may not start yet is dropped and fetched again
 QP's READ/atomic requests have completed.
 """
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -180,7 +187,6 @@ from amaranth.utils import ceil_log2, exact_log2
 
 from .. import formats, regmap
 from ..config import NicConfig
-from ..formats import WcStatus, WrOpcode
 from ..interfaces import (CqeRequest, CtxLookup, DmaReadPort, DmaWritePort,
                          DoorbellEvent, PacketOut, QpErrRequest, QpEvent)
 from ..lib.mem_array import MemArray
@@ -189,10 +195,10 @@ from ..lib.ready_queue import ReadyQueue
 from .wqe_fetch import WqeFetch
 from ..ctx.wqe_cache import WqeCache
 from .packet_emitter import PacketEmitter
-from .request_header import RequestHeader
 from .response_engine import ResponseEngine
-from .tracker import TRACKER_ENTRY, psn_le, set_cqe, sq_slot_addr
-from .wqe_check import WqeCheck
+from .tracker import TRACKER_ENTRY, sq_slot_addr
+from .req_state import CUR_FIELDS, TX_FIELDS, req_state_fields
+from .send_engine import ISSUE_FIELDS, SendEngine, may_issue
 from .completion_gate import CompletionGate
 from .fetch_issuer import FetchIssuer
 from .bf_buffer import SQ_BF
@@ -278,7 +284,6 @@ class Requester(wiring.Component):
         nq = cfg.n_qps
         MO = cfg.max_outstanding
         mo_bits = exact_log2(MO)
-        mtu_bits = exact_log2(cfg.mtu)
         K = cfg.wqe_batch
 
         # ready queue of QPs that may have work (event-driven scheduling): push[0] the
@@ -299,7 +304,7 @@ class Requester(wiring.Component):
         # send engine -> packet emitter (hw/rnic/packet_emitter.py): header descriptors,
         # payload beats, store and forward
         m.submodules.emit = emit = PacketEmitter(cfg)
-        desc = emit.desc
+
         wiring.connect(m, emit.tx, wiring.flipped(self.tx))
         wiring.connect(m, wiring.flipped(self.pay_rd.rd), emit.pay)
 
@@ -322,54 +327,13 @@ class Requester(wiring.Component):
             mems.append(r)
             return r
 
-        pi = mregs(16, "pi", ("tx",), reads=6)
-        fi = mregs(16, "fi", ("tx",), reads=5)
-        ci = mregs(16, "ci", ("tx", "rx"), reads=5)
-        npsn = mregs(24, "npsn", ("tx",))
-        # the highest PSN given to a message since the QP got its send PSN: an ACK or NAK
-        # beyond it answers nothing this QP sent (IBA 9.7.5.1) and is dropped
-        hi_psn = mregs(24, "hi_psn", ("tx",), reads=2)
-        head = mregs(mo_bits + 1, "head", ("tx", "rx"), reads=6)
-        tail = mregs(mo_bits + 1, "tail", ("tx",), reads=6)
-        # READ/atomic requests outstanding and the fence flag: the send FSM (commit, reset)
-        # wins over the response FSM (completion) and writes the merged value when both work
-        # on one QP in the same cycle
-        rd_out = mregs(5, "rd_out", ("rx", "tx"), reads=4)
-        fence_wait = mregs(1, "fence_wait", ("rx", "tx"), reads=4)
-        # READ/atomic limit and send CQ of the QP, captured when a message enters the tracker
-        # (the response FSM uses these instead of the QP lookup, which the send FSM owns)
-        qlim = mregs(5, "qlim", ("tx",), reads=3, init=16)
-        qcq = mregs(regmap.QP_CTX["send_cq"].shape, "qcq", ("tx",))
-        rts = mregs(1, "rts", ("tx",), reads=7)
-        err = mregs(1, "err", ("tx", "rx"), reads=9)
-        # a local error waits until the messages sent before the failed WQE have completed
-        lerr = mregs(1, "lerr", ("tx",), reads=7)
-        lerr_idx = mregs(16, "lerr_idx", ("tx",), reads=2)
-        # QP events waiting to be applied while the FSM is idle
-        ev_pend = mregs(1, "ev_pend", ("evc", "evs"), reads=8)
-        ev_reset = mregs(1, "ev_reset", ("evs", "evr"), reads=4)
-        ev_state = mregs(3, "ev_state", ("evs",), reads=3)
-        ev_psn = mregs(24, "ev_psn", ("evs",))
-        # ---- retransmission (IBA 9.7.6.1, go-back-N from the oldest outstanding message)
-        # rewind requested (by a PSN sequence NAK, an ACK timeout, the end of an RNR wait or
-        # an out-of-order READ response); applied by the send FSM
-        rwd_pend = mregs(1, "rwd_pend", ("tx", "rx", "xq"), reads=5)
-        rwd_cnt = mregs(1, "rwd_cnt", ("rx", "xq"))         # the rewind counts against retry_cnt
-        rtx_started = mregs(1, "rtx_started", ("tx", "rx")) # rewound, no progress since: ignore further NAKs
-        rnr_wait = mregs(1, "rnr_wait", ("tx", "rx", "xq"), reads=4)       # waiting for the RNR timer
-        retry_used = mregs(3, "retry_used", ("tx", "rx"))
-        rnr_used = mregs(3, "rnr_used", ("tx", "rx"))
-        # the QP's timeout / retry_cnt / rnr_retry, captured when a message enters the tracker
-        q_to = mregs(5, "q_to", ("tx",))
-        q_retry = mregs(3, "q_retry", ("tx",))
-        q_rnr = mregs(3, "q_rnr", ("tx",))
-        # a rewound READ resumes after the response packets it already has (IBA 9.7.5.1.5)
-        rs_skip = mregs(16, "rs_skip", ("tx",))
-        # the send queue of the QP: its base captured like q_to, its log2 size given by the
-        # event of a new QP (SET_QP); where a WQE the WQE cache no longer holds is read
-        # again, and the bound of the doorbell check
-        q_sqb = mregs(64, "q_sqb", ("tx",), reads=2)
-        q_sqlog = mregs(5, "q_sqlog", ("evs",), reads=3)
+        fields = req_state_fields(cfg)
+        st = {name: mregs(w, name, ports, reads=reads, init=init)
+              for name, (w, ports, reads, init) in fields.items()}
+        (pi, fi, ci, npsn, hi_psn, head, tail, rd_out, fence_wait, qlim, qcq, rts, err, lerr,
+         lerr_idx, ev_pend, ev_reset, ev_state, ev_psn, rwd_pend, rwd_cnt, rtx_started,
+         rnr_wait, retry_used, rnr_used, q_to, q_retry, q_rnr, rs_skip, q_sqb, q_sqlog,
+         inflight) = st.values()
 
         # ---------------- the WQE cache: lk[0] the response FSM, lk[1] the flush
         m.submodules.wqec = wqec = WqeCache(cfg, max(1, self.qpn_bits))
@@ -391,7 +355,6 @@ class Requester(wiring.Component):
         rcur = resp.qpn
         rx_busy = resp.busy
 
-        inflight = mregs(1, "inflight", ("gq", "tx"), reads=3)      # a fetched batch of this QP is queued or being sent
 
         def flush_cond(q, name):
             """QP q has work requests to flush: in ERR, or its failed WQE is the oldest, and
@@ -402,60 +365,49 @@ class Requester(wiring.Component):
             return f
 
         def eligible(q, name):
-            """QP q may issue a request now (RTS, posted WQEs not yet fetched, room in its
-            tracker and READ/atomic budget, not waiting on a fence, an event, a rewind or an
-            RNR wait): evaluated at the one QP q, never for all QPs."""
+            """QP q may issue a request now (hw/rnic/send_engine.py may_issue): evaluated at
+            the one QP q, never for all QPs."""
             e = Signal(name=f"elig_{name}")
-            m.d.comb += e.eq(rts[q] & ~err[q] & ~lerr[q] & ~ev_pend[q] & (fi[q] != pi[q])
-                             & ~rwd_pend[q] & ~rnr_wait[q] & (count(q) != MO)
-                             & (rd_out[q] < qlim[q]) & ~fence_wait[q])
+            m.d.comb += e.eq(may_issue(SimpleNamespace(**{f: st[f][q] for f in ISSUE_FIELDS}),
+                                       MO))
             return e
 
-        # ---------------- send FSM registers
-        cur = Signal(self.qpn_bits)
-        flushing = Signal()
-        batch_left = Signal(range(K + 1))   # WQEs of the current batch not yet taken
-        wqe = Signal(formats.WQE)
-        wqe_err = Signal()           # the host failed the read of this WQE: not to be used
-        cqe_reg = Signal(formats.CQE)
-        seg_left = Signal(32)        # bytes still to send
-        seg_addr = Signal(64)        # local address of the segment
-        seg_psn = Signal(24)
-        seg_first = Signal()
-        meta_done = Signal()
-        req_done = Signal()
-        # ---------------- lookups
-        # the context of cur: taken with its batch from fq (looked up when the batch was
-        # issued), or looked up by the send FSM itself for a flush (FL_CTX)
-        ctx = Signal(regmap.QP_CTX)
-        fl_asked = Signal()          # FL_CTX: the lookup request was taken
-        # the lkey's MR entry, looked up (request / response) between FETCH_WAIT and CHECK
-        mr = Signal(formats.MR_ENTRY)
-        # the lkey's MR entry: asked for in FETCH_WAIT as the WQE arrives, else in MR_REQ
-        mr_lkey = Signal.like(wqe.lkey)
-        m.d.comb += [mr_lkey.eq(wqe.lkey), self.mr.req.payload.index.eq(mr_lkey[8:8 + self.mr_bits])]
+        # ---------------- the send engine (hw/rnic/send_engine.py)
+        m.submodules.send = se = SendEngine(cfg, self.qpn_bits, max(1, self.mr_bits), KF)
+        cur = se.cur
+        for f in TX_FIELDS:
+            wiring.connect(m, getattr(se, f"w_{f}"), st[f].tx)
+        m.d.comb += [getattr(se.view, f).eq(st[f][cur]) for f in CUR_FIELDS]
+        wiring.connect(m, wiring.flipped(self.mr), se.mr)
+        wiring.connect(m, wiring.flipped(self.qpc_tx), se.qpc)
+        wiring.connect(m, se.desc, emit.desc)
+        wiring.connect(m, se.pay_req, wiring.flipped(self.pay_rd.req))
+        m.d.comb += [emit.res_len.eq(se.res_len), emit.res_take.eq(se.res_take),
+                     se.res_fits.eq(emit.res_fits), se.node_id.eq(self.node_id)]
+        for name in ("stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
+                     "stat_wqe_fetch", "stat_db_reject", "stat_retransmit"):
+            m.d.comb += getattr(self, name).eq(getattr(se, name))
+        flushing, fetching = se.flushing, se.fetching
+        ctx = se.ctx
+        db_q = self.db.payload.qpn[:self.qpn_bits]
+        wiring.connect(m, wiring.flipped(self.db), se.db)
+        m.d.comb += [se.db_view.ci.eq(ci[db_q]), se.db_view.fi.eq(fi[db_q]),
+                     se.db_view.q_sqlog.eq(q_sqlog[db_q])]
+        m.d.comb += [trk_rd.addr.eq(se.trk_raddr), se.ent.eq(trk_rd.data)]
 
-        m.d.comb += trk_rd.addr.eq(Cat(head[cur][:mo_bits], cur))
-        ent = trk_rd.data
-        nonempty = Signal()
-        m.d.comb += nonempty.eq(count(cur) != 0)
         wiring.connect(m, emit.perr, resp.perr)
         wiring.connect(m, wiring.flipped(self.rx), resp.rx)
         m.d.comb += [trk_rrd.addr.eq(resp.trk_addr), resp.trk_data.eq(trk_rrd.data)]
 
-        rd_lim = Signal(5)
-        m.d.comb += rd_lim.eq(Mux(ctx.max_rd_atomic == 0, 16, ctx.max_rd_atomic))
-
-        def pop_head(port, q):
-            """Remove the head message of QP q; it is completed (comb: the write ports). The
-            response FSM's pop wakes the QP: it may have tracker room or READ budget now."""
-            wake = [wk_rx.valid.eq(1), wk_rx.payload.index.eq(q)] if port == "rx" else []
-            return head.write(port, q, head[q] + 1) + ci.write(port, q, ci[q] + 1) + wake
+        def pop_head(q):
+            """The response engine removes the head message of QP q (it is completed) and
+            wakes the QP: it may have tracker room or READ budget now."""
+            return (head.write("rx", q, head[q] + 1) + ci.write("rx", q, ci[q] + 1)
+                    + [wk_rx.valid.eq(1), wk_rx.payload.index.eq(q)])
 
         # ---------------- transport timers (local ACK timeout, RNR wait)
         m.submodules.timer = timer = RetryTimer(nq, max(1, cfg.cycles(TICK_NS)))
-        tx_kick = Signal()            # the send FSM restarts the ACK timer of cur
-        tx_retry_exc = Signal()       # the send FSM counts an exhausted retry_cnt
+        tx_kick = se.kick             # the send FSM restarts the ACK timer of cur
         rx_kick = Signal()            # the response FSM made progress on rcur
         # the ACK timer of the QP it scans runs while requests are outstanding; not while a
         # rewind waits to be applied (it restarts the timer). Evaluated at that one QP.
@@ -478,11 +430,10 @@ class Requester(wiring.Component):
 
         # READ/atomic count and fence flag: one next-state expression per QP, merging the
         # send FSM's commit (+1, fence set), the response FSM's completion (-1) and a reset
-        tx_rd_inc = Signal()
-        tx_fence_set = Signal()
+        tx_rd_inc, tx_fence_set = se.rd_inc, se.fence_set
         rx_rd_dec = resp.ev.rd_dec
-        ev_rst_rd = Signal()
-        rw_rst_rd = Signal()          # a rewind of cur: its READ/atomic requests are gone
+        ev_rst_rd = se.ev_rst_rd
+        rw_rst_rd = se.rw_rst_rd      # a rewind of cur: its READ/atomic requests are gone
         ev_sel = Signal(self.qpn_bits)
         same = Signal()                 # both FSMs on one QP
         m.d.comb += same.eq(cur == rcur)
@@ -515,70 +466,23 @@ class Requester(wiring.Component):
         wiring.connect(m, resp.err, cpl.rx_err)
         wiring.connect(m, cpl.cqe, wiring.flipped(self.cqe))
         wiring.connect(m, cpl.set_err, wiring.flipped(self.set_err))
-        tx_cqe_v, tx_cqe_rdy = cpl.tx_cqe.valid, cpl.tx_cqe.ready
-        tx_err_v, tx_err_rdy = cpl.tx_err.valid, cpl.tx_err.ready
-        m.d.comb += [
-            cpl.tx_cqe.payload.item.req.cqn.eq(ctx.send_cq),
-            cpl.tx_cqe.payload.item.req.cqe.eq(cqe_reg),
-            cpl.tx_cqe.payload.key.eq(cur),
-            cpl.tx_err.payload.qpn.eq(cur),
-        ]
-        wqe_err_stat = Signal()
-        m.d.comb += self.stat_dma_err.eq(resp.stat_pay_err + cpl.stat_err + wqe_err_stat
+        wiring.connect(m, se.cqe, cpl.tx_cqe)
+        wiring.connect(m, se.err, cpl.tx_err)
+        m.d.comb += [cpl.forget.eq(se.forget), cpl.forget_key.eq(se.forget_key)]
+        m.d.comb += self.stat_dma_err.eq(resp.stat_pay_err + cpl.stat_err + se.stat_wqe_err
                                          + resp.stat_reread_err)
 
-        # ---------------- tracker write port: the response FSM (NAK status) has priority
-        tx_trk_we = Signal()
-        tx_trk_head = Signal()        # the send FSM writes the head entry (retry exceeded)
-        tx_trk_data = Signal(TRACKER_ENTRY)
+        # ---------------- tracker write port: the response engine (NAK status) has priority
         rx_trk_we, rx_trk_data = resp.trk_we, resp.trk_wdata
         m.d.comb += [
-            trk_wr.en.eq(rx_trk_we | tx_trk_we),
-            trk_wr.addr.eq(Mux(rx_trk_we, resp.trk_addr,
-                               Mux(tx_trk_head, Cat(head[cur][:mo_bits], cur),
-                                   Cat(tail[cur][:mo_bits], cur)))),
-            trk_wr.data.eq(Mux(rx_trk_we, rx_trk_data, tx_trk_data)),
+            trk_wr.en.eq(rx_trk_we | se.trk_we),
+            trk_wr.addr.eq(Mux(rx_trk_we, resp.trk_addr, se.trk_waddr)),
+            trk_wr.data.eq(Mux(rx_trk_we, rx_trk_data, se.trk_wdata)),
+            se.rx_trk_we.eq(rx_trk_we),
         ]
+        wiring.connect(m, se.fill, wqec.fill)
 
-        m.d.comb += [wqec.fill.payload.qpn.eq(cur), wqec.fill.payload.index.eq(fi[cur]),
-                     wqec.fill.payload.wqe.eq(wqe)]
-
-        # ---------------- local checks on the fetched WQE (hw/rnic/wqe_check.py)
-        m.submodules.wqe_check = chk = WqeCheck(cfg.mtu)
-        m.d.comb += [chk.wqe.eq(wqe), chk.wqe_err.eq(wqe_err), chk.mr.eq(mr), chk.pd.eq(ctx.pd)]
-        op = wqe.opcode
-        known, is_atomic, is_read, is_write = chk.op.known, chk.op.atomic, chk.op.read, chk.op.write
-        single = chk.op.single       # READ / atomic: one packet, no payload
-        loc_status = chk.status
-        npkts = chk.npkts            # number of PSNs the message uses
-
-        # the head message of a rewound QP: a READ requests only the responses still
-        # missing, a WRITE/SEND starts at the first packet the responder does not have
-        resume = Signal()
-        m.d.comb += resume.eq((is_read | (known & ~is_read & ~is_atomic))
-                              & (fi[cur] == ci[cur]) & (rs_skip[cur] != 0))
-        resume_ws = Signal()        # resume inside a WRITE/SEND: MIDDLE/LAST packets
-        m.d.comb += resume_ws.eq(resume & ~is_read)
-        rs_bytes = Signal(32)
-        m.d.comb += rs_bytes.eq(rs_skip[cur] << mtu_bits)
-        last_psn = Signal(24)
-        m.d.comb += last_psn.eq(npsn[cur] + npkts - 1)
-
-        # ---------------- request packet fields (hw/rnic/request_header.py)
-        m.submodules.req_header = hdr = RequestHeader(cfg.mtu)
-        skip_bytes = Signal(32)      # READ resumed after skip_bytes of response data
-        seg_len, pkt_last, paylen = hdr.seg_len, hdr.last, hdr.paylen
-        m.d.comb += [hdr.wqe.eq(wqe), hdr.op.eq(chk.op), hdr.ctx.eq(ctx), hdr.qpn.eq(cur),
-                     hdr.node_id.eq(self.node_id), hdr.seg_left.eq(seg_left),
-                     hdr.seg_first.eq(seg_first), hdr.seg_psn.eq(seg_psn),
-                     hdr.skip_bytes.eq(skip_bytes)]
-        msg_slot = Signal(mo_bits)     # tracker slot of the message being sent
-        m.d.comb += [desc.payload.meta.eq(hdr.meta), desc.payload.qpn.eq(cur),
-                     desc.payload.slot.eq(msg_slot), emit.res_len.eq(seg_len),
-                     self.pay_rd.req.payload.addr.eq(seg_addr),
-                     self.pay_rd.req.payload.len.eq(seg_len),
-                     self.pay_rd.req.payload.tag.eq(0)]
-
+        # ---------------- the batch plan (for the issuer's QP, or for cur's flush)
         # ---------------- send FSM
         sq_mask = Signal(32)
         fsel = Signal(self.qpn_bits)         # QP of the fetch request (cur or the issuer's)
@@ -612,6 +516,12 @@ class Requester(wiring.Component):
         m.submodules.evq = evq = ReadyQueue(nq)
         ev_any = Signal()
         m.d.comb += [ev_any.eq(evq.count != 0), ev_sel.eq(evq.pop.payload.index)]
+        ev_clear = se.ev_clear
+        m.d.comb += [se.ev_any.eq(ev_any), se.ev_valid.eq(evq.pop.valid), se.ev_sel.eq(ev_sel),
+                     se.ev_view.inflight.eq(inflight[ev_sel]),
+                     se.ev_view.ev_reset.eq(ev_reset[ev_sel]),
+                     se.ev_view.ev_state.eq(ev_state[ev_sel]),
+                     se.ev_view.ev_psn.eq(ev_psn[ev_sel]), se.ev_view.rts.eq(rts[ev_sel])]
 
         # QPs that may need a rewind or a flush (the service queue), woken by the writes
         # that can make them need one: a rewind requested (response FSM, timers), ERR or a
@@ -631,14 +541,15 @@ class Requester(wiring.Component):
         s_fl = flush_cond(sq, "svc")
         s_fl_go = Signal()
         m.d.comb += s_fl_go.eq(sv & s_fl & ~s_busy & (n_fl == 0))
-        s_taken = Signal()            # the send FSM applies it now
-        m.d.comb += svc.pop.ready.eq(s_taken | (sv & ~s_rw & ~s_fl))
-        # a flush waits for the batches in flight: no new batch is issued meanwhile
-        fl_wait = Signal()
-        fl_wait_q = Signal(self.qpn_bits)
-        with m.If(sv & svc.pop.ready & ~s_fl & (sq == fl_wait_q)):
-            m.d.sync += fl_wait.eq(0)       # that QP needs no flush any more
+        # the send engine takes it, queues it again or drops it (and keeps a flush waiting
+        # for the batches in flight: fl_wait)
+        m.d.comb += [se.svc_valid.eq(sv), se.svc_qpn.eq(sq), se.svc_rw.eq(s_rw),
+                     se.svc_fl.eq(s_fl), se.svc_rw_go.eq(s_rw_go), se.svc_fl_go.eq(s_fl_go),
+                     svc.pop.ready.eq(se.svc_take), se.n_fl.eq(n_fl), se.rx_busy.eq(rx_busy),
+                     se.rcur.eq(rcur)]
+        fl_wait = se.fl_wait
         sw_rx, sw_xq, sw_tx, sw_again = svc.push
+        m.d.comb += [sw_again.valid.eq(se.svc_again), sw_again.payload.index.eq(sq)]
         tx_waddr = Signal(self.qpn_bits)
         m.d.comb += [
             sw_rx.valid.eq(err.rx.en | rwd_pend.rx.en | (head.rx.en & lerr[rcur])),
@@ -652,7 +563,6 @@ class Requester(wiring.Component):
             sw_tx.payload.index.eq(tx_waddr),
         ]
 
-        ev_clear = Signal()
         # a doorbell that was already waiting when a QP event arrived is taken before the
         # event, so that doorbells and events take effect in the order they came
         db_early = Signal()
@@ -660,13 +570,14 @@ class Requester(wiring.Component):
             m.d.sync += db_early.eq(0)
         with m.Elif(self.db.valid & self.qp_event.valid):
             m.d.sync += db_early.eq(1)
+        m.d.comb += se.db_early.eq(db_early)
 
         # ---------------- fetch issue (hw/rnic/fetch_issuer.py): the ready queue's oldest QP is
         # fetched while the send FSM works on earlier batches; the batch is planned here (for
         # the issuer's QP, or for cur when the send FSM fetches a flush by itself)
-        fetching = Signal()         # the send FSM's own (flush) fetch
-        act = Signal()              # the send FSM took a batch (inflight[cur] is set)
-        done = iss.done             # the batch of cur is done (its QP may be fetched again)
+        m.d.comb += [iss.done.eq(se.done), se.n_batch.eq(n_batch),
+                     se.fetch_ready.eq(fetch.req.ready)]
+        wiring.connect(m, fetch.wqe, se.wqe_in)
         gq = rdy.pop.payload.index
         g_elig = eligible(gq, "gq")
         m.d.comb += [
@@ -691,366 +602,17 @@ class Requester(wiring.Component):
         fq_ctx = Signal(regmap.QP_CTX)
         m.d.comb += Cat(fq_q, fq_n, fq_bad, fq_ctx).eq(iss.batch.payload)
         e_fq = eligible(fq_q, "fq")         # the oldest fetched batch's QP
-        e_cur = eligible(cur, "cur")        # the QP being sent
+        wiring.connect(m, iss.batch, se.batch)
+        m.d.comb += se.batch_ok.eq(e_fq)
+        m.d.comb += [iss.bf_reset.eq(se.bf_reset), iss.bf_reset_qpn.eq(se.bf_reset_qpn)]
+        m.d.comb += [wk_tx.valid.eq(se.wake.valid), wk_tx.payload.index.eq(se.wake.payload.index),
+                     wk_done.valid.eq(se.wake_done.valid),
+                     wk_done.payload.index.eq(se.wake_done.payload.index)]
 
-        # WQE cache lookups: the flush (lk[1], head of cur) and the response FSM (lk[0], head
-        # of rcur) ask for the head message's WQE fields (wr_id, local_addr, length)
-        fl_lk = wqec.lk[1]
-        m.d.comb += [fl_lk.req.payload.qpn.eq(cur), fl_lk.req.payload.index.eq(ent.index),
-                     fl_lk.req.payload.addr.eq(wqe_addr(cur, ent.index)),
-                     fl_lk.req.payload.last.eq(1)]
+        # WQE cache lookups: the response engine's (lk[0], head of rcur) and the flush's
+        # (lk[1], head of cur) for the head message's WQE fields (wr_id, local_addr, length)
         wiring.connect(m, resp.info, wqec.lk[0])
-
-        with m.FSM(name="send") as send_fsm:
-            with m.State("IDLE"):
-                db_q = self.db.payload.qpn[:self.qpn_bits]
-                m.d.sync += flushing.eq(0)
-                with m.If(act):
-                    # the batch of cur is done: its QP may be fetched again
-                    m.d.comb += done.eq(1)
-                    m.d.comb += inflight.write("tx", cur, 0)
-                    m.d.comb += [wk_done.valid.eq(1), wk_done.payload.index.eq(cur)]
-                    m.d.sync += act.eq(0)
-
-                def take_batch():
-                    # the oldest fetched batch: sent if its QP may still issue, else dropped;
-                    # a QP whose context could not be read goes to ERR (nothing was fetched)
-                    m.d.comb += iss.batch.ready.eq(1)
-                    m.d.sync += [cur.eq(fq_q), flushing.eq(0), act.eq(1), batch_left.eq(fq_n),
-                                 ctx.eq(fq_ctx)]
-                    with m.If(fq_bad):
-                        m.d.comb += err.write("tx", fq_q, 1)
-                        m.next = "SET_ERR"
-                    with m.Elif(e_fq):
-                        m.next = "FETCH_WAIT"
-                    with m.Else():
-                        m.next = "DRAIN"
-
-                ev_now = ev_any & ~(self.db.valid & db_early)
-                # the oldest QP of the service queue: taken below, or queued again if it
-                # still needs a rewind or a flush (not in a cycle that applies an event)
-                with m.If(sv & ~ev_now & ~s_taken & (s_rw | s_fl)):
-                    m.d.comb += [svc.pop.ready.eq(1), sw_again.valid.eq(1),
-                                 sw_again.payload.index.eq(sq)]
-                    with m.If(s_fl & (n_fl != 0)):
-                        m.d.sync += [fl_wait.eq(1), fl_wait_q.eq(sq)]
-
-                with m.If(ev_now):
-                    with m.If(~evq.pop.valid):
-                        pass            # the event reaches the queue's output next cycle
-                    with m.Elif(inflight[ev_sel]):
-                        # the event waits for the QP's batch in flight, which is dropped
-                        # (not eligible: event pending); no doorbell is taken before it
-                        with m.If(iss.batch.valid):
-                            take_batch()
-                    # the event waits while the response FSM works on that QP (bounded)
-                    with m.Elif(~(rx_busy & (rcur == ev_sel))):
-                        m.d.comb += [ev_clear.eq(1), wk_tx.valid.eq(1),
-                                     wk_tx.payload.index.eq(ev_sel)]
-                        with m.If(ev_reset[ev_sel]):
-                            m.d.comb += [ev_rst_rd.eq(1), cpl.forget.eq(1),
-                                         cpl.forget_key.eq(ev_sel), iss.bf_reset.eq(1),
-                                         iss.bf_reset_qpn.eq(ev_sel)]
-                            for a in (pi, fi, ci, head, tail, lerr, rwd_pend, rtx_started,
-                                      rnr_wait, retry_used, rnr_used, rs_skip):
-                                m.d.comb += a.write("tx", ev_sel, 0)
-                            m.d.comb += (npsn.write("tx", ev_sel, ev_psn[ev_sel])
-                                         + hi_psn.write("tx", ev_sel, ev_psn[ev_sel] - 1))
-                        with m.Elif((ev_state[ev_sel] == formats.QpState.RTS.value) & ~rts[ev_sel]):
-                            # RTR -> RTS: the send queue starts at the given PSN
-                            m.d.comb += (npsn.write("tx", ev_sel, ev_psn[ev_sel])
-                                         + hi_psn.write("tx", ev_sel, ev_psn[ev_sel] - 1))
-                        m.d.comb += [
-                            *rts.write("tx", ev_sel, ev_state[ev_sel] == formats.QpState.RTS.value),
-                            *err.write("tx", ev_sel, ev_state[ev_sel] == formats.QpState.ERR.value),
-                        ]
-                with m.Elif(s_rw_go & ~(self.db.valid & db_early)):
-                    m.d.comb += s_taken.eq(1)
-                    m.d.sync += cur.eq(sq)
-                    m.next = "REWIND"
-                with m.Elif(self.db.valid):
-                    # doorbell: look the QP up right now (index = db qpn)
-                    m.d.comb += self.db.ready.eq(1)
-                    posted = Signal(16)
-                    fetched = Signal(16)
-                    m.d.comb += [posted.eq(self.db.payload.pi - ci[db_q]),
-                                 fetched.eq(fi[db_q] - ci[db_q])]
-                    with m.If((posted > (Const(1, 33) << q_sqlog[db_q])) | (posted < fetched)):
-                        m.d.comb += self.stat_db_reject.eq(1)
-                        m.d.sync += cur.eq(db_q)
-                        m.d.comb += err.write("tx", db_q, 1)
-                        m.next = "SET_ERR"
-                    with m.Else():
-                        m.d.comb += pi.write("tx", db_q, self.db.payload.pi)
-                        m.d.comb += [wk_tx.valid.eq(1), wk_tx.payload.index.eq(db_q)]
-                with m.Elif(iss.batch.valid):
-                    take_batch()
-                with m.Elif(s_fl_go):
-                    # flushes fetch on their own: only when no batch is in flight
-                    m.d.comb += s_taken.eq(1)
-                    m.d.sync += [cur.eq(sq), flushing.eq(1), fl_wait.eq(0)]
-                    m.next = "FL_CTX"
-
-            with m.State("FL_CTX"):
-                # the flushed QP's context (its send queue and send CQ): asked for, then
-                # taken; one that cannot be read is asked for again (a host that fails ICM
-                # reads for good has failed: docs/errors.md)
-                qt = self.qpc_tx
-                m.d.comb += [qt.req.valid.eq(~fl_asked), qt.req.payload.index.eq(cur),
-                             qt.resp.ready.eq(1)]
-                with m.If(qt.req.valid & qt.req.ready):
-                    m.d.sync += fl_asked.eq(1)
-                with m.If(qt.resp.valid):
-                    m.d.sync += [fl_asked.eq(0), ctx.eq(qt.resp.payload.data)]
-                    with m.If(~qt.resp.payload.err):
-                        m.next = "FLUSH"
-
-            with m.State("REWIND"):
-                # go-back-N (IBA 9.7.6.1.4): send again from the oldest outstanding message.
-                # The WQEs are fetched again from the send queue (the host may not reuse a
-                # slot before its completion) and keep their PSNs, so the responder sees the
-                # packets it already executed as duplicates.
-                with m.If(rx_busy & (rcur == cur)):
-                    pass        # the response FSM works on this QP (bounded): wait
-                with m.Elif(~nonempty):
-                    # everything was acknowledged meanwhile
-                    m.d.comb += rwd_pend.write("tx", cur, 0)
-                    m.d.comb += [wk_tx.valid.eq(1), wk_tx.payload.index.eq(cur)]
-                    m.next = "IDLE"
-                with m.Elif(rwd_cnt[cur] & (retry_used[cur] == q_retry[cur])):
-                    # retry_cnt exhausted: the oldest message fails, the QP goes to ERR
-                    # (and is flushed)
-                    with m.If(~rx_trk_we):
-                        m.d.comb += [
-                            tx_trk_we.eq(1), tx_trk_head.eq(1),
-                            tx_trk_data.eq(ent),
-                            tx_trk_data.status.eq(WcStatus.RETRY_EXC_ERR.value),
-                            tx_retry_exc.eq(1),
-                        ]
-                        m.d.comb += err.write("tx", cur, 1) + rwd_pend.write("tx", cur, 0)
-                        m.next = "SET_ERR"
-                with m.Else():
-                    m.d.comb += [tx_kick.eq(1), rw_rst_rd.eq(1), self.stat_retransmit.eq(1)]
-                    # a READ: the response packets received; a WRITE/SEND: the packets a
-                    # PSN sequence NAK showed the responder to have (go-back-N resends
-                    # from the PSN in the NAK)
-                    m.d.comb += rs_skip.write("tx", cur, Mux((ent.opcode <= WrOpcode.RDMA_READ.value)
-                                                             & (ent.status == 0), ent.rcv, 0))
-                    m.d.comb += [
-                        *fi.write("tx", cur, ci[cur]), *tail.write("tx", cur, head[cur]),
-                        *npsn.write("tx", cur, ent.first_psn), *lerr.write("tx", cur, 0),
-                        *rtx_started.write("tx", cur, 1), *rwd_pend.write("tx", cur, 0),
-                        *retry_used.write("tx", cur, retry_used[cur] + rwd_cnt[cur]),
-                        wk_tx.valid.eq(1), wk_tx.payload.index.eq(cur),
-                    ]
-                    m.next = "IDLE"
-
-            with m.State("FLUSH"):
-                with m.If(~err[cur]):
-                    # the failed WQE is now the oldest: the QP goes to ERR, then flushes
-                    m.d.comb += err.write("tx", cur, 1) + lerr.write("tx", cur, 0)
-                    m.next = "SET_ERR"
-                with m.Elif(nonempty & ent.noinfo):
-                    m.d.sync += set_cqe(cqe_reg, cur, 0, ent.status, ent.opcode, 0)
-                    m.d.comb += pop_head("tx", cur)
-                    m.next = "CQE"
-                with m.Elif(nonempty):
-                    m.next = "FL_REQ"          # its wr_id: from the WQE cache
-                with m.Else():
-                    m.next = "FETCH"
-
-            with m.State("FL_REQ"):
-                m.d.comb += fl_lk.req.valid.eq(1)
-                with m.If(fl_lk.req.ready):
-                    m.next = "FL_RESP"
-
-            with m.State("FL_RESP"):
-                m.d.comb += fl_lk.resp.ready.eq(1)
-                with m.If(fl_lk.resp.valid):
-                    # a WQE that cannot be read again: its wr_id is unknown, 0
-                    m.d.sync += set_cqe(cqe_reg, cur,
-                                        Mux(fl_lk.resp.payload.err, 0,
-                                            fl_lk.resp.payload.info.wr_id),
-                                        Mux(ent.status != 0, ent.status,
-                                            WcStatus.WR_FLUSH_ERR.value),
-                                        ent.opcode, 0)
-                    m.d.comb += pop_head("tx", cur)
-                    m.next = "CQE"
-
-            with m.State("FETCH"):
-                m.d.comb += [fetching.eq(1), fetch.req.valid.eq(1)]
-                with m.If(fetch.req.ready):
-                    m.d.sync += batch_left.eq(n_batch)
-                    m.next = "FETCH_WAIT"
-
-            with m.State("FETCH_WAIT"):
-                fw = fetch.wqe.payload
-                # only a WQE with a local buffer to check needs its lkey's entry: asked for
-                # as the WQE is taken (the WQE waits until the MR cache takes the request)
-                need_mr = Signal()
-                m.d.comb += [need_mr.eq(~(flushing | fw.err | (fw.wqe.length == 0))),
-                             mr_lkey.eq(fw.wqe.lkey),
-                             self.mr.req.valid.eq(fetch.wqe.valid & need_mr),
-                             fetch.wqe.ready.eq(~need_mr | self.mr.req.ready)]
-                with m.If(fetch.wqe.valid & fetch.wqe.ready):
-                    m.d.comb += self.stat_wqe_fetch.eq(1)
-                    m.d.sync += [wqe.eq(fw.wqe), wqe_err.eq(fw.err),
-                                 batch_left.eq(batch_left - 1)]
-                    with m.If(need_mr):
-                        m.next = "MR_RESP"
-                    with m.Else():
-                        m.next = "CHECK"
-
-            with m.State("MR_RESP"):
-                m.d.comb += [self.mr.resp.ready.eq(1)]
-                with m.If(self.mr.resp.valid):
-                    # an entry that could not be read is no valid entry: LOC_PROT_ERR
-                    m.d.sync += mr.eq(Mux(self.mr.resp.payload.err, 0,
-                                          self.mr.resp.payload.data))
-                    m.next = "CHECK"
-
-            def next_wqe():
-                # next WQE of the batch if the QP may still issue, else drop the rest
-                with m.If(batch_left == 0):
-                    m.next = "IDLE"
-                with m.Elif(e_cur):
-                    m.next = "FETCH_WAIT"
-                with m.Else():
-                    m.next = "DRAIN"
-
-            with m.State("NEXT"):
-                next_wqe()
-
-            with m.State("DRAIN"):
-                m.d.comb += [fetch.wqe.ready.eq(1)]
-                with m.If(fetch.wqe.valid):
-                    m.d.comb += self.stat_wqe_fetch.eq(1)
-                    m.d.sync += batch_left.eq(batch_left - 1)
-                    with m.If(batch_left == 1):
-                        m.next = "IDLE"
-
-            with m.State("CHECK"):
-                with m.If(flushing):
-                    op3 = Mux(known & ~wqe_err, op[:3], 7)
-                    m.d.sync += set_cqe(cqe_reg, cur, Mux(wqe_err, 0, wqe.wr_id),
-                                        WcStatus.WR_FLUSH_ERR.value, op3, 0)
-                    m.d.comb += fi.write("tx", cur, fi[cur] + 1) + ci.write("tx", cur, ci[cur] + 1)
-                    m.next = "CQE"
-                with m.Elif(wqe.flags[1] & ~wqe_err & (rd_out[cur] != 0)):
-                    # fence: wait for the earlier READ/atomic requests, fetch again later.
-                    # The rest of the batch is dropped too, even if the fence clears in the
-                    # meantime: its WQEs follow the dropped one (fi does not move past it).
-                    m.d.comb += tx_fence_set.eq(1)
-                    with m.If(batch_left == 0):
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.next = "DRAIN"
-                with m.Elif(rx_trk_we):
-                    pass        # the tracker write port is taken by the response FSM: retry
-                with m.Elif(~wqec.fill.ready):
-                    pass        # the WQE cache's fill queue is full: retry
-                with m.Elif(loc_status != 0):
-                    m.d.comb += [
-                        tx_trk_we.eq(1),
-                        # an unreadable WQE's wr_id is unknown: 0 (no copy in the WQE cache)
-                        tx_trk_data.index.eq(fi[cur]),
-                        tx_trk_data.noinfo.eq(wqe_err),
-                        wqec.fill.valid.eq(~wqe_err),
-                        tx_trk_data.opcode.eq(Mux(known & ~wqe_err, op[:3], 7)),
-                        tx_trk_data.status.eq(loc_status),
-                        tx_trk_data.first_psn.eq(npsn[cur]),
-                        tx_trk_data.last_psn.eq(npsn[cur]),
-                    ]
-                    m.d.comb += [*tail.write("tx", cur, tail[cur] + 1),
-                                 *fi.write("tx", cur, fi[cur] + 1),
-                                 *lerr.write("tx", cur, 1), *lerr_idx.write("tx", cur, fi[cur]),
-                                 *q_sqb.write("tx", cur, ctx.sq_base)]
-                    m.d.comb += wqe_err_stat.eq(wqe_err)
-                    m.next = "NEXT"
-                with m.Else():
-                    # the message enters the tracker before its first packet is queued
-                    m.d.comb += [
-                        tx_trk_we.eq(1),
-                        tx_trk_data.index.eq(fi[cur]),
-                        wqec.fill.valid.eq(1),
-                        tx_trk_data.first_psn.eq(npsn[cur]),
-                        tx_trk_data.last_psn.eq(last_psn),
-                        tx_trk_data.opcode.eq(op[:3]),
-                        tx_trk_data.signaled.eq(wqe.flags[0]),
-                        tx_trk_data.status.eq(0),
-                        tx_trk_data.rcv.eq(Mux(resume, rs_skip[cur], 0)),
-                        tx_rd_inc.eq(single),
-                        self.stat_write.eq(is_write),
-                        self.stat_send.eq(known & ~is_write & ~single),
-                        self.stat_read.eq(is_read),
-                        self.stat_cas.eq(op == WrOpcode.ATOMIC_CMP_AND_SWP.value),
-                        self.stat_faa.eq(op == WrOpcode.ATOMIC_FETCH_AND_ADD.value),
-                    ]
-                    # the first message into an idle QP starts its ACK timer
-                    m.d.comb += tx_kick.eq(~nonempty)
-                    with m.If(psn_le(hi_psn[cur], last_psn)):
-                        m.d.comb += hi_psn.write("tx", cur, last_psn)
-                    m.d.comb += [
-                        *tail.write("tx", cur, tail[cur] + 1),
-                        *fi.write("tx", cur, fi[cur] + 1),
-                        *npsn.write("tx", cur, npsn[cur] + npkts),
-                        *qcq.write("tx", cur, ctx.send_cq),
-                        *q_sqb.write("tx", cur, ctx.sq_base),
-                        *q_to.write("tx", cur, ctx.timeout),
-                        *q_retry.write("tx", cur, ctx.retry_cnt),
-                        *q_rnr.write("tx", cur, ctx.rnr_retry),
-                        *rs_skip.write("tx", cur, 0),
-                    ]
-                    m.d.sync += [
-                        msg_slot.eq(tail[cur][:mo_bits]),
-                        seg_left.eq(wqe.length - Mux(resume_ws, rs_bytes, 0)),
-                        seg_addr.eq(wqe.local_addr + Mux(resume_ws, rs_bytes, 0)),
-                        seg_psn.eq(npsn[cur] + Mux(resume, rs_skip[cur], 0)),
-                        skip_bytes.eq(Mux(resume & is_read, rs_bytes, 0)),
-                        seg_first.eq(~resume_ws),
-                        meta_done.eq(0),
-                        req_done.eq(0),
-                    ]
-                    with m.If(single):
-                        m.d.comb += qlim.write("tx", cur, rd_lim)
-                    m.next = "SEND_META"
-
-            with m.State("SEND_META"):
-                # queue the header and request the payload (if the buffer has room for it);
-                # may wait here on tx for as long as it takes: the response FSM goes on
-                m.d.comb += [
-                    desc.valid.eq(~meta_done),
-                    self.pay_rd.req.valid.eq(~req_done & (paylen != 0) & emit.res_fits),
-                    emit.res_take.eq(self.pay_rd.req.valid & self.pay_rd.req.ready),
-                ]
-                mdone = meta_done | desc.ready
-                rdone = req_done | emit.res_take | (paylen == 0)
-                m.d.sync += [meta_done.eq(mdone), req_done.eq(rdone)]
-                with m.If(mdone & rdone):
-                    m.d.sync += [meta_done.eq(0), req_done.eq(0)]
-                    m.next = "SEG_END"
-
-            with m.State("SEG_END"):
-                with m.If(pkt_last):
-                    next_wqe()          # (what NEXT does, a cycle earlier)
-                with m.Else():
-                    m.d.sync += [
-                        seg_left.eq(seg_left - cfg.mtu),
-                        seg_addr.eq(seg_addr + cfg.mtu),
-                        seg_psn.eq(seg_psn + 1),
-                        seg_first.eq(0),
-                    ]
-                    m.next = "SEND_META"
-
-            with m.State("SET_ERR"):
-                m.d.comb += tx_err_v.eq(1)
-                with m.If(tx_err_rdy):
-                    m.next = "NEXT"
-
-            with m.State("CQE"):
-                m.d.comb += tx_cqe_v.eq(1)
-                with m.If(tx_cqe_rdy):
-                    m.next = "IDLE"
+        wiring.connect(m, se.wqe_lk, wqec.lk[1])
 
         # ---------------- the response engine: its QP's state, and what it does to it
         rqi = self.rx.meta.payload.dest_qpn[:self.qpn_bits]
@@ -1069,7 +631,7 @@ class Requester(wiring.Component):
         ]
         rev = resp.ev
         with m.If(rev.pop):
-            m.d.comb += pop_head("rx", rcur)
+            m.d.comb += pop_head(rcur)
         with m.If(rev.progress):
             progress()
         with m.If(rev.retry_clear):
@@ -1129,7 +691,7 @@ class Requester(wiring.Component):
         # the per-QP memories' read ports, at the indices read above
         for r in mems:
             m.d.comb += r.read_addrs()
-        m.d.comb += [self.stat_busy_send.eq(~send_fsm.ongoing("IDLE")),
+        m.d.comb += [self.stat_busy_send.eq(se.active),
                      self.stat_busy_resp.eq(resp.active),
-                     self.stat_retry_exc.eq(tx_retry_exc | resp.stat_retry_exc)]
+                     self.stat_retry_exc.eq(se.stat_retry_exc | resp.stat_retry_exc)]
         return m
