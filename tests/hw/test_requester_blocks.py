@@ -237,3 +237,68 @@ def test_response_check_against_model():
     comb_cases(dut, cases, check)
     # every classification occurred, so none of the comparisons above is vacuous
     assert all(hits[k] > 0 for k in hits), hits
+
+
+# ---- a QP's eligibility (hw/rnic/send_engine.py may_issue) and the engines' parameters
+
+def test_may_issue_against_model():
+    from amaranth.hdl import Module, Signal
+    from amaranth.lib import data, wiring
+    from amaranth.lib.wiring import In, Out
+
+    from hw.rnic.send_engine import ISSUE_FIELDS, may_issue
+
+    MO = 16
+    widths = {"fi": 16, "pi": 16, "tail": 5, "head": 5, "rd_out": 5, "qlim": 5}
+    layout = data.StructLayout({f: widths.get(f, 1) for f in ISSUE_FIELDS})
+
+    class Dut(wiring.Component):
+        v: In(layout)
+        o: Out(1)
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.comb += self.o.eq(may_issue(self.v, MO))
+            return m
+
+    dut = Dut()
+    rng = random.Random(7)
+    cases, seen = [], set()
+    for _ in range(800):
+        v = {f: int(rng.random() < 0.15) for f in ISSUE_FIELDS if widths.get(f, 1) == 1}
+        v["rts"] = int(rng.random() < 0.9)
+        v["fi"] = rng.choice([3, 0xFFFF])
+        v["pi"] = rng.choice([3, 4, 0])
+        v["head"] = rng.choice([0, 30])
+        v["tail"] = (v["head"] + rng.choice([0, 5, MO])) % 32
+        v["qlim"] = rng.choice([1, 16])
+        v["rd_out"] = rng.choice([0, 1, 16])
+        cases.append({"v": v})
+
+    def check(case, get):
+        v = case["v"]
+        want = (v["rts"] and not v["err"] and not v["lerr"] and not v["ev_pend"]
+                and v["fi"] != v["pi"] and not v["rwd_pend"] and not v["rnr_wait"]
+                and (v["tail"] - v["head"]) % 32 != MO and v["rd_out"] < v["qlim"]
+                and not v["fence_wait"])
+        assert get(dut.o) == int(want), v
+        seen.add(int(want))
+    comb_cases(dut, cases, check)
+    assert seen == {0, 1}
+
+
+def test_engines_check_their_parameters():
+    from hw.config import preset
+    from hw.rnic.fetch_issuer import FetchIssuer
+    from hw.rnic.response_engine import ResponseEngine
+    from hw.rnic.send_engine import SendEngine
+
+    cfg = preset("small").nic
+    with pytest.raises(ValueError, match=r"^qpn_bits must be an integer in \[1, 16\], not 0$"):
+        ResponseEngine(cfg, 0)
+    with pytest.raises(ValueError, match=r"^fetch_depth must be an integer in \[1, 16\], not 17$"):
+        SendEngine(cfg, 3, 3, 17)
+    with pytest.raises(ValueError, match=r"^mr_bits must be an integer in \[1, 16\], not 0$"):
+        SendEngine(cfg, 3, 0, 4)
+    with pytest.raises(ValueError, match=r"^cfg must be a NicConfig, not SystemConfig$"):
+        FetchIssuer(preset("small"), 3, 4)
