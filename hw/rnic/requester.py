@@ -196,7 +196,7 @@ from .wqe_fetch import WqeFetch
 from ..ctx.wqe_cache import WqeCache
 from .packet_emitter import PacketEmitter
 from .response_engine import ResponseEngine
-from .tracker import TRACKER_ENTRY, sq_slot_addr
+from .tracker import TRACKER_ENTRY
 from .req_state import CUR_FIELDS, TX_FIELDS, req_state_fields
 from .send_engine import ISSUE_FIELDS, SendEngine, may_issue
 from .completion_gate import CompletionGate
@@ -340,10 +340,6 @@ class Requester(wiring.Component):
         wiring.connect(m, wqec.dma_rd, wiring.flipped(self.reread_rd))
         m.d.comb += [self.stat_wqe_hit.eq(wqec.stat_hit), self.stat_wqe_miss.eq(wqec.stat_miss),
                      self.stat_wqe_evict.eq(wqec.stat_evict)]
-
-        def wqe_addr(q, index):
-            """Host address of send-queue entry ``index`` of QP ``q``."""
-            return sq_slot_addr(q_sqb[q], q_sqlog[q], index)
 
         def count(q):
             return (tail[q] - head[q])[:mo_bits + 1]
