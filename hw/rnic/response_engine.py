@@ -23,8 +23,9 @@ or the send engine, only on ``wr`` (the host always drains writes), ``cqe`` and 
 
 States: R_IDLE (take a response, or a payload error), R_LOOK / R_INFO (the head message's
 WQE fields), R_ACK (classify and act), R_DATA (READ data to host memory), R_ATOMIC (the
-original value), R_DONE (a READ / atomic completes), R_CQE, R_ERR, R_PERR, R_DROP /
-R_BAD_DROP (the payload of a dropped response).
+original value), R_DONE (an empty READ response completes; R_DATA and R_ATOMIC complete
+their message with its last write), R_CQE (and, as the CQE leaves, take the next response),
+R_ERR, R_PERR, R_DROP / R_BAD_DROP (the payload of a dropped response).
 
 Parameters: ``cfg`` (:class:`~hw.config.NicConfig`), ``qpn_bits`` in [1, 16].
 
@@ -169,22 +170,45 @@ class ResponseEngine(wiring.Component):
         def rewind(counts):
             return [ev.rewind.eq(1), ev.rewind_counts.eq(counts)]
 
+        def take():
+            """Take a payload error or the next response (R_IDLE's work; R_CQE does it too as
+            its CQE leaves, so that a READ costs no idle cycle between two responses)."""
+            m.d.comb += self.rx.meta.ready.eq(~self.perr.valid)
+            m.d.sync += rinfo_ok.eq(0)
+            with m.If(self.perr.valid):
+                m.d.sync += rcur.eq(perr.qpn)
+                m.next = "R_PERR"
+            with m.Elif(self.rx.meta.valid):
+                m.d.sync += [rxm.eq(self.rx.meta.payload),
+                             rcur.eq(self.rx.meta.payload.dest_qpn[:self.qpn_bits])]
+                with m.If(self.rx_ok):
+                    m.next = "R_LOOK"
+                with m.Else():
+                    m.d.comb += self.stat_resp_drop.eq(1)
+                    with m.If(self.rx.meta.payload.paylen != 0):
+                        m.next = "R_DROP"
+                    with m.Else():
+                        m.next = "R_IDLE"
+            with m.Else():
+                m.next = "R_IDLE"
+
+        def done():
+            """The response's data are written: a READ / atomic that completes is popped, its
+            credit given back and its CQE (silent if unsignaled: it still passes the write
+            gate, so that a failed data write completes it in error) goes to R_CQE."""
+            with m.If(rx_complete):
+                m.d.comb += [ev.pop.eq(1), ev.progress.eq(1), ev.rd_dec.eq(1)]
+                m.d.sync += set_cqe(rcqe_reg, rcur, rinfo.wr_id, 0, rent.opcode,
+                                    Mux(rent.opcode == WrOpcode.RDMA_READ.value,
+                                        rinfo.length, 8))
+                m.d.sync += [rcqe_ret_ack.eq(0), rcqe_silent.eq(~rent.signaled)]
+                m.next = "R_CQE"
+            with m.Else():
+                m.next = "R_IDLE"
+
         with m.FSM(name="resp") as fsm:
             with m.State("R_IDLE"):
-                m.d.comb += self.rx.meta.ready.eq(~self.perr.valid)
-                m.d.sync += rinfo_ok.eq(0)
-                with m.If(self.perr.valid):
-                    m.d.sync += rcur.eq(perr.qpn)
-                    m.next = "R_PERR"
-                with m.Elif(self.rx.meta.valid):
-                    m.d.sync += [rxm.eq(self.rx.meta.payload),
-                                 rcur.eq(self.rx.meta.payload.dest_qpn[:self.qpn_bits])]
-                    with m.If(self.rx_ok):
-                        m.next = "R_LOOK"
-                    with m.Else():
-                        m.d.comb += self.stat_resp_drop.eq(1)
-                        with m.If(self.rx.meta.payload.paylen != 0):
-                            m.next = "R_DROP"
+                take()
 
             with m.State("R_LOOK"):
                 m.d.comb += self.busy.eq(1)
@@ -321,7 +345,7 @@ class ResponseEngine(wiring.Component):
                     beat.ready.eq(wr.ready),
                 ]
                 with m.If(beat.valid & wr.ready & beat.payload.last):
-                    m.next = "R_DONE"
+                    done()
 
             with m.State("R_ATOMIC"):
                 m.d.comb += [
@@ -335,22 +359,11 @@ class ResponseEngine(wiring.Component):
                     wr.payload.last.eq(1),
                 ]
                 with m.If(wr.ready):
-                    m.next = "R_DONE"
+                    done()
 
             with m.State("R_DONE"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(rx_complete):
-                    # a READ/atomic completed: pop it and give back its credit
-                    m.d.comb += [ev.pop.eq(1), ev.progress.eq(1), ev.rd_dec.eq(1)]
-                    # an unsignaled READ/atomic still passes a (silent) completion through
-                    # the write gate: if the write of its data fails, it completes in error
-                    m.d.sync += set_cqe(rcqe_reg, rcur, rinfo.wr_id, 0, rent.opcode,
-                                        Mux(rent.opcode == WrOpcode.RDMA_READ.value,
-                                            rinfo.length, 8))
-                    m.d.sync += [rcqe_ret_ack.eq(0), rcqe_silent.eq(~rent.signaled)]
-                    m.next = "R_CQE"
-                with m.Else():
-                    m.next = "R_IDLE"
+                done()
 
             with m.State("R_PERR"):
                 # the host failed a packet's payload read: its message (if still there, in
@@ -384,7 +397,7 @@ class ResponseEngine(wiring.Component):
                     with m.If(rcqe_ret_ack):
                         m.next = "R_LOOK"
                     with m.Else():
-                        m.next = "R_IDLE"
+                        take()
 
             with m.State("R_ERR"):
                 m.d.comb += [self.busy.eq(1), self.err.valid.eq(1)]
