@@ -55,6 +55,10 @@ class NicConfig:
                     serving the QPs with ``qpn % n_pus`` equal to its index, with its own send
                     and response engines and its share of the WQE cache
                     (hw/rnic/requester_units.py). The fields below are per unit.
+    pu_rx_headers   response-packet headers queued in front of each unit when ``n_pus`` > 1
+                    (hw/lib/packet_fifo.py: the router hands a packet on without waiting for
+                    the unit's response engine to be idle).
+    pu_rx_beats     response payload beats queued in front of each unit (with the headers).
     wqe_batch       WQEs read by one WQE-fetch DMA read (consecutive WQEs of one QP).
     fetch_depth     WQE fetches (of different QPs) in flight at once.
     desc_depth      request-packet headers queued between the send engine and the emitter.
@@ -113,6 +117,8 @@ class NicConfig:
     tlp_overhead: int = 24
     dma_write_outstanding: int = 32
     n_pus: int = 1
+    pu_rx_headers: int = 4
+    pu_rx_beats: int = 16
     wqe_batch: int = 4
     fetch_depth: int = 4
     desc_depth: int = 8
@@ -157,6 +163,8 @@ class NicConfig:
         _check_pow2("max_payload", self.max_payload, 128, 4096)
         _check_range("tlp_overhead", self.tlp_overhead, 0, 256)
         _check_pow2("dma_write_outstanding", self.dma_write_outstanding, 2, 256)
+        _check_pow2("pu_rx_headers", self.pu_rx_headers, 2, 256)
+        _check_pow2("pu_rx_beats", self.pu_rx_beats, 2, 1024)
         _check_pow2("wqe_batch", self.wqe_batch, 1, 4)
         _check_range("fetch_depth", self.fetch_depth, 1, 16)
         _check_pow2("desc_depth", self.desc_depth, 2, 64)

@@ -23,6 +23,8 @@ def test_presets_exist():
     ({"wqe_batch": 8}, r"wqe_batch must be a power of two in \[1, 4\], not 8"),
     ({"fetch_depth": 0}, r"fetch_depth must be an integer in \[1, 16\], not 0"),
     ({"desc_depth": 6}, r"desc_depth must be a power of two in \[2, 64\], not 6"),
+    ({"pu_rx_headers": 3}, r"pu_rx_headers must be a power of two in \[2, 256\], not 3"),
+    ({"pu_rx_beats": 2048}, r"pu_rx_beats must be a power of two in \[2, 1024\], not 2048"),
     ({"bf_entries": 17}, r"bf_entries must be an integer in \[1, 16\], not 17"),
     ({"read_buffers": 1}, r"read_buffers must be a power of two in \[2, 16\], not 1"),
     ({"pay_buffers": 0}, r"pay_buffers must be an integer in \[1, 16\], not 0"),

@@ -15,7 +15,10 @@ one unit, and nothing is ordered between units that the specification does not o
 CQEs of different QPs in one CQ). Around them:
 
 * inbound, routed by QPN: doorbells, BlueFlame WQEs, QP events, and response packets (by
-  their destination QP; a packet's payload follows its header to the same unit);
+  their destination QP; a packet's payload follows its header to the same unit, through a
+  packet FIFO in front of each unit, :class:`~hw.lib.packet_fifo.PacketFifo`: a unit takes a
+  header only when its response engine is idle and the payload only after the packet is
+  classified, and without the FIFO the other units would wait all that time);
 * outbound, merged round robin: request packets (:class:`~hw.lib.arbiter.PacketArbiter`, packets
   whole), completions and error requests (:class:`~hw.lib.arbiter.StreamArbiter`), and the DMA
   ports (:mod:`hw.lib.dma_merge`: the host interface still sees one WQE-fetch, one payload,
@@ -46,6 +49,7 @@ from ..lib.arbiter import PacketArbiter, StreamArbiter
 from ..config import NicConfig
 from ..interfaces import CQE_REQUEST
 from ..lib.dma_merge import DmaReadMerge, DmaWriteMerge
+from ..lib.packet_fifo import PacketFifo
 from .requester import COUNTS, Requester, requester_ports
 
 __all__ = ["RequesterUnits", "unit_config"]
@@ -168,7 +172,9 @@ class RequesterUnits(wiring.Component):
 
     def _route_rx(self, m, units):
         """Response packets to the unit of their destination QP: the header picks the unit,
-        the payload beats (``ceil(paylen / W)``) follow it there."""
+        the payload beats (``ceil(paylen / W)``) follow it there, through a packet FIFO in
+        front of each unit (``pu_rx_headers``, ``pu_rx_beats``), so that a unit whose
+        response engine is busy does not hold the packets of the other units."""
         s, W = self.shift, self.cfg.data_bytes
         rx = self.rx
         meta = rx.meta.payload
@@ -177,19 +183,24 @@ class RequesterUnits(wiring.Component):
         left = Signal(16)
         unit = Signal(range(max(self.n, 2)))
         m.d.comb += unit.eq(meta.dest_qpn[:s] if s else 0)
+        fifos = []
         for k, u in enumerate(units):
+            f = m.submodules[f"rx_fifo{k}"] = PacketFifo(W, self.cfg.pu_rx_headers,
+                                                         self.cfg.pu_rx_beats)
+            fifos.append(f.i)
+            wiring.connect(m, f.o, u.rx)
             m.d.comb += [
-                u.rx.meta.payload.eq(meta),
-                u.rx.meta.payload.dest_qpn.eq(meta.dest_qpn >> s),
-                u.rx.meta.valid.eq(rx.meta.valid & ~in_pay & (unit == k)),
-                u.rx.payload.payload.eq(rx.payload.payload),
-                u.rx.payload.valid.eq(rx.payload.valid & in_pay & (owner == k)),
+                f.i.meta.payload.eq(meta),
+                f.i.meta.payload.dest_qpn.eq(meta.dest_qpn >> s),
+                f.i.meta.valid.eq(rx.meta.valid & ~in_pay & (unit == k)),
+                f.i.payload.payload.eq(rx.payload.payload),
+                f.i.payload.valid.eq(rx.payload.valid & in_pay & (owner == k)),
             ]
         with m.Switch(Mux(in_pay, owner, unit)):
-            for k, u in enumerate(units):
+            for k, f in enumerate(fifos):
                 with m.Case(k):
-                    m.d.comb += [rx.meta.ready.eq(u.rx.meta.ready & ~in_pay),
-                                 rx.payload.ready.eq(u.rx.payload.ready & in_pay)]
+                    m.d.comb += [rx.meta.ready.eq(f.meta.ready & ~in_pay),
+                                 rx.payload.ready.eq(f.payload.ready & in_pay)]
         with m.If(rx.meta.valid & rx.meta.ready):
             beats = (meta.paylen + W - 1) // W
             m.d.sync += [owner.eq(unit), left.eq(beats), in_pay.eq(meta.paylen != 0)]

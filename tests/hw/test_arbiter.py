@@ -4,66 +4,12 @@ import random
 
 import pytest
 from amaranth.lib import data
-from amaranth.sim import Simulator
 
 from hw.lib.arbiter import PacketArbiter, StreamArbiter
 
+from tests.hw.port_drivers import check_packets, make_packets, run_lockstep
+
 LAYOUT = data.StructLayout({"src": 4, "seq": 12})
-
-
-def run_lockstep(dut, sources, sinks, *, p_valid, p_ready, seed, max_cycles, done):
-    """Drive ``sources`` [(stream, [payload dict])] and sample ``sinks`` [(stream, fields)]
-    cycle by cycle with random valid/ready. A source keeps an offered payload until taken.
-
-    Returns (per-sink list of (cycle, dict), per-source list of accept cycles)."""
-    rng = random.Random(seed)
-    got = [[] for _ in sinks]
-    accepted = [[] for _ in sources]
-    stable = []
-
-    async def tb(ctx):
-        pos = [0] * len(sources)
-        offering = [False] * len(sources)
-        last_offer = [None] * len(sinks)
-        for cycle in range(max_cycles):
-            for k, (s, items) in enumerate(sources):
-                if not offering[k] and pos[k] < len(items) and rng.random() < p_valid:
-                    offering[k] = True
-                ctx.set(s.valid, offering[k])
-                if offering[k]:
-                    ctx.set(s.payload, items[pos[k]])
-            for s, _ in sinks:
-                ctx.set(s.ready, rng.random() < p_ready)
-            exprs = []
-            for s, _ in sources:
-                exprs += [s.valid, s.ready]
-            for s, _ in sinks:
-                exprs += [s.valid, s.ready, s.payload]
-            _, _, *v = await ctx.tick().sample(*exprs)
-            for k in range(len(sources)):
-                if v[2 * k] and v[2 * k + 1]:
-                    accepted[k].append(cycle)
-                    pos[k] += 1
-                    offering[k] = False
-            base = 2 * len(sources)
-            for j, (s, fields) in enumerate(sinks):
-                valid, ready, p = v[base + 3 * j: base + 3 * j + 3]
-                rec = {f: int(getattr(p, f)) for f in fields}
-                if valid and last_offer[j] is not None:
-                    # a presented payload must not change until it is taken
-                    stable.append(rec == last_offer[j])
-                last_offer[j] = rec if valid and not ready else None
-                if valid and ready:
-                    got[j].append((cycle, rec))
-            if done(got):
-                break
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
-    assert all(stable)
-    return got, accepted
 
 
 def test_stream_round_robin_order():
@@ -115,46 +61,6 @@ def test_stream_single_input():
                           p_valid=0.7, p_ready=0.6, seed=4, max_cycles=500,
                           done=lambda g: len(g[0]) == 20)
     assert [r for _, r in got[0]] == items
-
-
-def make_packets(rng, n, count, W):
-    """Per input, a list of (meta dict, [payload beats])."""
-    out = []
-    for k in range(n):
-        pkts = []
-        for s in range(count):
-            paylen = rng.choice([0, 0, 1, W - 1, W, W + 1, 3 * W, rng.randint(1, 6 * W)])
-            meta = {"src_node": k, "psn": s, "paylen": paylen, "dest_qpn": rng.randrange(1 << 24)}
-            beats = []
-            for off in range(0, paylen, W):
-                nb = min(W, paylen - off)
-                beats.append({"data": (k << 56) | (s << 40) | off, "nbytes": nb,
-                              "last": int(off + W >= paylen)})
-            pkts.append((meta, beats))
-        out.append(pkts)
-    return out
-
-
-def check_packets(dut, pkts, got, W):
-    metas, beats = got
-    n = len(pkts)
-    # per input: metas in order
-    for k in range(n):
-        assert [(m["psn"], m["paylen"]) for _, m in metas if m["src_node"] == k] == \
-            [(m["psn"], m["paylen"]) for m, _ in pkts[k]]
-    # the payload following each meta is that packet's, whole and before the next meta
-    bi = 0
-    for idx, (mc, m) in enumerate(metas):
-        k, s = m["src_node"], m["psn"]
-        exp = pkts[k][s][1]
-        mine = beats[bi:bi + len(exp)]
-        assert [b for _, b in mine] == exp
-        if mine:
-            assert mine[0][0] >= mc
-        if idx + 1 < len(metas) and mine:
-            assert metas[idx + 1][0] > mine[-1][0]
-        bi += len(exp)
-    assert bi == len(beats)
 
 
 def run_packets(dut, pkts, **kw):
