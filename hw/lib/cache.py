@@ -22,7 +22,11 @@ Structure (one entry is one cache line):
   empties; the victim way is free at once.
 
 Requests are taken one at a time by one state machine, so the memories see no hazard (each
-request reads a tag row and writes it back before the next is looked at). A request that
+request reads a tag row and writes it back before the next is looked at). A READ hit takes
+two cycles of the state machine (the tag compare, then the data read, in whose cycle the
+next request's tag row is read) and answers three cycles after it was taken; responses
+leave through a FIFO (``RESP_DEPTH``), so the cache goes on while a client has not taken
+its answer yet (it takes a request only while its answer will have room). A request that
 cannot go on *waits at the head of the queue* (counted in ``stalls``, one per retry): a READ
 or WRITE or INVAL of a key whose fill is still pending (a lookup racing its own fill: it
 hits once the fill is installed), a miss of a key still in the write-back buffer (its host
@@ -75,6 +79,7 @@ cycles is a bound).
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2, exact_log2
@@ -85,6 +90,8 @@ from .checks import check_int, check_pow2
 __all__ = ["CacheOp", "SetAssocCache", "COUNTERS", "POLICIES"]
 
 POLICIES = ("lru", "plru")
+#: Responses queued for the clients (the cache goes on while they wait to be taken).
+RESP_DEPTH = 4
 COUNTERS = ("hits", "misses", "evictions", "writebacks", "stalls", "fill_errors", "wb_errors",
             "rd_bytes", "wr_bytes")
 
@@ -332,9 +339,16 @@ class SetAssocCache(wiring.Component):
             with m.If(self.dma_wr.done.payload.err):
                 m.d.sync += self.wb_errors.eq(self.wb_errors + 1)
 
-        # Response register.
+        # Responses leave through a FIFO (the cache does not wait for the client to take
+        # one); ``resp`` holds a response made in LOOK until RESP pushes it. A request or
+        # a fill is taken only while the FIFO has room for its response and the one being
+        # pushed in the same cycle.
         resp = Signal(self.resp_layout)
-        m.d.comb += self.resp.payload.eq(resp)
+        m.submodules.resp_fifo = rfifo = SyncFIFO(width=self.resp_layout.size, depth=RESP_DEPTH)
+        m.d.comb += [self.resp.payload.eq(rfifo.r_data), self.resp.valid.eq(rfifo.r_rdy),
+                     rfifo.r_en.eq(self.resp.ready)]
+        room = Signal()
+        m.d.comb += room.eq(rfifo.level < RESP_DEPTH - 1)
 
         # Tag-row decode of the row being looked at (valid one cycle after its read). A
         # memory keeps its contents through a reset: one bit per set, cleared by the reset
@@ -402,20 +416,28 @@ class SetAssocCache(wiring.Component):
 
         wb_load = Signal()                      # the line read this cycle goes to wb_buf
 
+        def take():
+            """Start on a fill, the held request or a new one (its tag row is read now)."""
+            with m.If(~room):
+                m.next = "IDLE"
+            with m.Elif(fill_full):
+                m.d.comb += key.eq(fill_key)
+                m.d.sync += is_fill.eq(1)
+                m.next = "LOOK"
+            with m.Elif(held):
+                m.d.comb += key.eq(cur.key)
+                m.d.sync += is_fill.eq(0)
+                m.next = "LOOK"
+            with m.Elif(self.req.valid):
+                m.d.comb += [key.eq(self.req.payload.key), self.req.ready.eq(1)]
+                m.d.sync += [cur.eq(self.req.payload), held.eq(1), is_fill.eq(0)]
+                m.next = "LOOK"
+            with m.Else():
+                m.next = "IDLE"
+
         with m.FSM() as fsm:
             with m.State("IDLE"):
-                with m.If(fill_full):
-                    m.d.comb += key.eq(fill_key)
-                    m.d.sync += is_fill.eq(1)
-                    m.next = "LOOK"
-                with m.Elif(held):
-                    m.d.comb += key.eq(cur.key)
-                    m.d.sync += is_fill.eq(0)
-                    m.next = "LOOK"
-                with m.Elif(self.req.valid):
-                    m.d.comb += [key.eq(self.req.payload.key), self.req.ready.eq(1)]
-                    m.d.sync += [cur.eq(self.req.payload), held.eq(1), is_fill.eq(0)]
-                    m.next = "LOOK"
+                take()
             with m.State("LOOK"):
                 m.d.comb += key.eq(Mux(is_fill, fill_key, cur.key))
                 with m.If(is_fill):
@@ -511,15 +533,19 @@ class SetAssocCache(wiring.Component):
                         respond(op=cur.op, id=cur.id, hit=0)
                         m.next = "RESP"
             with m.State("READ_DATA"):
-                respond(op=CacheOp.READ, id=cur.id, hit=1, data=line_rd.data)
-                m.next = "RESP"
+                # a hit's data leave now, and the next request is taken in the same cycle
+                # (the tag row written in LOOK is in the memory already): two cycles a hit
+                hit_resp = Signal(self.resp_layout)
+                m.d.comb += [hit_resp.op.eq(CacheOp.READ), hit_resp.id.eq(cur.id),
+                             hit_resp.hit.eq(1), hit_resp.data.eq(line_rd.data),
+                             rfifo.w_data.eq(hit_resp), rfifo.w_en.eq(1)]
+                take()
             with m.State("WAIT_WB"):
                 with m.If(~wb_busy):
                     m.next = "RESP"
             with m.State("RESP"):
-                m.d.comb += self.resp.valid.eq(1)
-                with m.If(self.resp.ready):
-                    m.next = "IDLE"
+                m.d.comb += [rfifo.w_data.eq(resp), rfifo.w_en.eq(1)]
+                m.next = "IDLE"
 
         # The line read in LOOK (a dirty victim) arrives the cycle after: into the buffer.
         with m.If(wb_load):

@@ -5,7 +5,8 @@
 * A concurrent client with random back-pressure and DMA latency (hit under miss, responses
   out of order): every READ returns the last value written before it, in request order, and
   after invalidating everything host memory holds the final values.
-* Directed cases: a lookup racing its own fill, hit under miss, capacity (a working set that
+* Directed cases: a lookup racing its own fill, hit under miss, hits back to back (two
+  cycles each), capacity (a working set that
   fits hits, a cyclic one larger than a set thrashes LRU), invalidation, DMA errors, a reset
   (the cache is empty after it).
 """
@@ -285,6 +286,18 @@ def test_hit_under_miss():
     assert got[2][5] > got[1][5] + 150
 
 
+def test_hits_back_to_back():
+    """READ hits, the client always ready: one answer every two cycles (the next request's
+    tag row is read while the hit's data leave), each three cycles after it was taken."""
+    ops = [(CacheOp.WRITE, k, 100 + k) for k in range(8)] + \
+          [(CacheOp.READ, k, 0) for k in range(8)] * 2
+    got, c, _ = run_cache(ops, sets=4, ways=2, p_req=1.0, p_ready=1.0)
+    reads = [g for g in got if g[1] == CacheOp.READ]
+    assert [g[4] for g in reads] == [100 + k for k in range(8)] * 2 and c["hits"] == 16
+    cycles = [g[5] for g in reads]
+    assert [b - a for a, b in zip(cycles, cycles[1:])] == [2] * 15
+
+
 def test_capacity_fit_and_lru_thrash():
     """A working set that fits (sets x ways keys) misses once per key; a cyclic sweep one
     key larger than a set, with LRU, misses every time (SMART's cache thrashing)."""
@@ -400,8 +413,10 @@ def test_reset_empties_the_cache():
         await tick_until(ctx, dut.req.ready)
         ctx.set(dut.req.valid, 0)
         ctx.set(dut.resp.ready, 1)
-        await tick_until(ctx, dut.resp.valid)
-        p = ctx.get(dut.resp.payload)
+        while True:     # the response taken at an edge is the one sampled there
+            _, _, valid, p = await ctx.tick().sample(dut.resp.valid, dut.resp.payload)
+            if valid:
+                break
         got.append((int(p.hit), int(p.data)))
         ctx.set(dut.resp.ready, 0)
 
