@@ -16,7 +16,9 @@ share it through one round-robin arbiter:
   the line dirty, and the host copy is written when the line is evicted (write-back).
 
 The cache takes one request at a time, so a lookup that follows a write into the cache
-sees the new entry. A miss costs one ``entry_bytes`` DMA read over the host interface (and
+sees the new entry. Each lookup port has one request outstanding at most and an answer
+register of its own (hw/lib/answer_ports.py): a client that takes its answer late holds
+no one else's. A miss costs one ``entry_bytes`` DMA read over the host interface (and
 a write of as many bytes if the victim is dirty); a hit costs the cache's pipeline, four
 cycles from request to response (docs/caches.md).
 
@@ -32,6 +34,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from ..lib.answer_ports import AnswerPorts
 from ..lib.arbiter import StreamArbiter
 from ..config import NicConfig
 from ..interfaces import CtxLookup, DmaReadPort, DmaWritePort
@@ -86,15 +89,22 @@ class ContextCache(wiring.Component):
         wiring.connect(m, cache.dma_rd, wiring.flipped(self.dma_rd))
         wiring.connect(m, cache.dma_wr, wiring.flipped(self.dma_wr))
 
+        # answers: one register per lookup port, one request outstanding per port
+        # (hw/lib/answer_ports.py); a WRITE's answer (id nl) is dropped
+        resp_layout = data.StructLayout({"data": self.layout, "err": 1})
+        m.submodules.answers = ans = AnswerPorts(resp_layout, nl, cache.id_bits)
+
         # requests: the lookups (id = port) and the command interface's writes (id nl)
         for k, lk in enumerate(self.lk):
             m.d.comb += [
-                arb.i[k].valid.eq(lk.req.valid),
+                arb.i[k].valid.eq(lk.req.valid & ans.free[k]),
                 arb.i[k].payload.op.eq(CacheOp.READ),
                 arb.i[k].payload.key.eq(lk.req.payload.index),
                 arb.i[k].payload.id.eq(k),
-                lk.req.ready.eq(arb.i[k].ready),
+                lk.req.ready.eq(arb.i[k].ready & ans.free[k]),
+                ans.taken[k].eq(lk.req.valid & lk.req.ready),
             ]
+            wiring.connect(m, ans.o[k], wiring.flipped(lk.resp))
         m.d.comb += [
             arb.i[nl].valid.eq(self.wr.valid),
             arb.i[nl].payload.op.eq(CacheOp.WRITE),
@@ -104,17 +114,11 @@ class ContextCache(wiring.Component):
             self.wr.ready.eq(arb.i[nl].ready),
         ]
 
-        # responses by id; a WRITE's answer is dropped (the write is in order already)
         r = cache.resp
-        m.d.comb += r.ready.eq(r.payload.id == nl)
-        for k, lk in enumerate(self.lk):
-            m.d.comb += [
-                lk.resp.valid.eq(r.valid & (r.payload.id == k)),
-                lk.resp.payload.data.eq(r.payload.data[:self.layout.size]),
-                lk.resp.payload.err.eq(r.payload.err),
-            ]
-            with m.If(r.payload.id == k):
-                m.d.comb += r.ready.eq(lk.resp.ready)
+        m.d.comb += [ans.i.valid.eq(r.valid), r.ready.eq(ans.i.ready),
+                     ans.i.payload.id.eq(r.payload.id),
+                     ans.i.payload.data.data.eq(r.payload.data[:self.layout.size]),
+                     ans.i.payload.data.err.eq(r.payload.err)]
 
         # counters: the cache's totals, as one-cycle increments (each moves by at most 1)
         for name, total in _STATS:

@@ -32,7 +32,7 @@ ever written back.
 * ``lk[0]`` (response handling) and ``lk[1]`` (flush): ``{qpn, index, addr, last}`` where
   ``addr`` is the WQE's host address (for a miss), answered with the WQE's ``wr_id``,
   ``local_addr``, ``length`` and ``err`` (the re-read failed). At most one request per
-  port in flight. ``last``: the message completes with this lookup (the last packet of
+  port in flight, and an answer register per port (hw/lib/answer_ports.py). ``last``: the message completes with this lookup (the last packet of
   its READ response, its atomic acknowledge, an ACK that covers it, its flush): the entry
   is freed (:class:`~hw.lib.cache.SetAssocCache`'s last use), so the WQE cache holds the
   WQEs of outstanding requests and a completed one is the next victim of its set, not an
@@ -48,6 +48,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from ..lib.answer_ports import AnswerPorts
 from ..lib.arbiter import StreamArbiter
 from ..config import NicConfig
 from ..formats import WQE, WQE_BYTES
@@ -117,6 +118,8 @@ class WqeCache(wiring.Component):
         m.submodules.fills = fills = SyncFIFOBuffered(width=self.fill_layout.size,
                                                       depth=FILL_DEPTH)
         m.submodules.arb = arb = StreamArbiter(cache.req_layout, 2)
+        m.submodules.answers = ans = AnswerPorts(
+            data.StructLayout({"info": WQE_INFO, "err": 1}), 2, cache.id_bits)
         wiring.connect(m, cache.dma_rd, wiring.flipped(self.dma_rd))
         # never dirty: the write-back port stays idle
         m.d.comb += [cache.dma_wr.wr.ready.eq(1), cache.dma_wr.done.valid.eq(0)]
@@ -144,29 +147,25 @@ class WqeCache(wiring.Component):
             wiring.connect(m, arb.o, cache.req)
         for k, lk in enumerate(self.lk):
             m.d.comb += [
-                arb.i[k].valid.eq(lk.req.valid),
+                arb.i[k].valid.eq(lk.req.valid & ans.free[k]),
                 arb.i[k].payload.op.eq(CacheOp.READ),
                 arb.i[k].payload.key.eq(key_of(lk.req.payload.qpn, lk.req.payload.index)),
                 arb.i[k].payload.id.eq(k),
                 arb.i[k].payload.addr.eq(lk.req.payload.addr),
                 arb.i[k].payload.last.eq(lk.req.payload.last),
-                lk.req.ready.eq(arb.i[k].ready & ~hold),
+                lk.req.ready.eq(arb.i[k].ready & ~hold & ans.free[k]),
+                ans.taken[k].eq(lk.req.valid & lk.req.ready),
             ]
+            wiring.connect(m, ans.o[k], wiring.flipped(lk.resp))
 
-        # responses by id; a FILL's answer is dropped
+        # answers by id (a FILL's, id 2, is dropped), through an answer register per port
         r = cache.resp
         w = WQE(r.payload.data)
-        m.d.comb += r.ready.eq(r.payload.id == 2)
-        for k, lk in enumerate(self.lk):
-            m.d.comb += [
-                lk.resp.valid.eq(r.valid & (r.payload.id == k)),
-                lk.resp.payload.info.wr_id.eq(w.wr_id),
-                lk.resp.payload.info.local_addr.eq(w.local_addr),
-                lk.resp.payload.info.length.eq(w.length),
-                lk.resp.payload.err.eq(r.payload.err),
-            ]
-            with m.If(r.payload.id == k):
-                m.d.comb += r.ready.eq(lk.resp.ready)
+        a = ans.i.payload.data
+        m.d.comb += [ans.i.valid.eq(r.valid), r.ready.eq(ans.i.ready),
+                     ans.i.payload.id.eq(r.payload.id),
+                     a.info.wr_id.eq(w.wr_id), a.info.local_addr.eq(w.local_addr),
+                     a.info.length.eq(w.length), a.err.eq(r.payload.err)]
         look = r.valid & r.ready & (r.payload.op == CacheOp.READ)
         m.d.comb += [self.stat_hit.eq(look & r.payload.hit),
                      self.stat_miss.eq(look & ~r.payload.hit)]
