@@ -232,6 +232,10 @@ class Counter(enum.IntEnum):
     BUSY_CQ_CACHE = 96
     TX_BEATS = 97             # cycles a data beat left / entered the node on the link port
     RX_BEATS = 98
+    # where the requester's send engines wait (part of BUSY_REQ_SEND; the units' sum)
+    WAIT_SEND_WQE = 99        # for the next WQE of the batch being sent (its fetch)
+    WAIT_SEND_MR = 100        # for the MR entry of the WQE's lkey (the MR cache)
+    WAIT_SEND_TX = 101        # to hand a request header on (the packet emitter is full)
 
 
 def register_map(n_doorbells):

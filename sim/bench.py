@@ -126,6 +126,10 @@ def measure(name, cycles, qps=(64,)):
 OCCUPANCY = {"req_send": "BUSY_REQ_SEND", "req_resp": "BUSY_REQ_RESP", "responder": "BUSY_RSP",
              "completion": "BUSY_CQE", "qp_cache": "BUSY_QP_CACHE", "mr_cache": "BUSY_MR_CACHE",
              "cq_cache": "BUSY_CQ_CACHE", "tx_link": "TX_BEATS", "rx_link": "RX_BEATS"}
+#: where the send engines' busy cycles go waiting (hw/regmap.py ``WAIT_SEND_*``), printed
+#: beside the occupancy as shares of the measured cycles (per unit)
+SEND_WAITS = {"req_send_wait_wqe": "WAIT_SEND_WQE", "req_send_wait_mr": "WAIT_SEND_MR",
+              "req_send_wait_tx": "WAIT_SEND_TX"}
 
 
 #: the peak's QP pairs: 48 x max_rd_atomic (16) = 768 READs outstanding at most, the point
@@ -135,14 +139,15 @@ PEAK_PAIRS = 48
 FULL_PAIRS = 64
 
 
-def occupancy(counters, cycles, n_pus=1):
+def occupancy(counters, cycles, n_pus=1, which=OCCUPANCY):
     """Per node, each engine's busy cycles over ``cycles`` (the requester's engines over
-    ``cycles * n_pus``: the units' sum). The counters span the measured rounds and the few
-    register reads around them, so a share may exceed the rounds' time slightly."""
+    ``cycles * n_pus``: the units' sum); ``which`` maps names to counters (default
+    :data:`OCCUPANCY`). The counters span the measured rounds and the few register reads
+    around them, so a share may exceed the rounds' time slightly."""
     out = {}
     for node, c in counters.items():
         out[node] = {e: round(c[name] / (cycles * (n_pus if e.startswith("req_") else 1)), 3)
-                     for e, name in OCCUPANCY.items()}
+                     for e, name in which.items()}
     return out
 
 
@@ -189,6 +194,10 @@ def _peaks(s, info, cfg, cycles, tmp, prefix=""):
                          reverse=True)
             print("  occupancy (busy cycles / measured cycles), highest first: "
                   + ", ".join(f"{name} {v:.2f}" for v, name in top[:6]))
+            waits = occupancy(r["counters"], r["cycles"], cfg.nic.n_pus, SEND_WAITS)
+            s[f"{prefix}{key}_send_waits"] = waits["a"]
+            print("  node a's send engines wait (share of the measured cycles, per unit): "
+                  + ", ".join(f"{e[9:]} {v:.2f}" for e, v in waits["a"].items()))
         r = _tb(info, cfg, "loaded", cycles, tmp, BENCH_SIZE=8, BENCH_OP=op, BENCH_SHARED=1,
                 BENCH_PAIRS=pairs, BENCH_WINDOW=window, **pus)
         s[f"{prefix}closed_loop_{op}_mops"] = r["mops"]

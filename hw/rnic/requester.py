@@ -220,11 +220,13 @@ STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
 #: every counter output and its largest value in one cycle (None: ``bf_entries``): the
 #: STATS, BlueFlame copies dropped, the WQE cache's hits, misses (a re-read) and evictions,
 #: and the WRs ended by a host-interface error (a WQE, a payload read, a write, a WQE read
-#: again), and the occupancy of the send and response engines (high while not idle)
+#: again), and the occupancy of the send and response engines (high while not idle), and
+#: where the send engine waits (a WQE, an MR entry, room for a request header)
 COUNTS = ([(s, 1) for s in STATS]
           + [("stat_bf_miss", None), ("stat_wqe_hit", 1), ("stat_wqe_miss", 1),
              ("stat_wqe_evict", 1), ("stat_dma_err", 4), ("stat_busy_send", 1),
-             ("stat_busy_resp", 1)])
+             ("stat_busy_resp", 1), ("stat_wait_wqe", 1), ("stat_wait_mr", 1),
+             ("stat_wait_tx", 1)])
 
 
 def requester_ports(cfg, qpn_bits, mr_bits, units=None):
@@ -687,6 +689,8 @@ class Requester(wiring.Component):
         # the per-QP memories' read ports, at the indices read above
         for r in mems:
             m.d.comb += r.read_addrs()
+        m.d.comb += [self.stat_wait_wqe.eq(se.wait_wqe), self.stat_wait_mr.eq(se.wait_mr),
+                     self.stat_wait_tx.eq(se.wait_tx)]
         m.d.comb += [self.stat_busy_send.eq(se.active),
                      self.stat_busy_resp.eq(resp.active),
                      self.stat_retry_exc.eq(se.stat_retry_exc | resp.stat_retry_exc)]

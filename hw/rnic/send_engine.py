@@ -153,6 +153,7 @@ class SendEngine(wiring.Component):
             "forget": Out(1),
             "forget_key": Out(qpn_bits),
             "active": Out(1),
+            "wait_wqe": Out(1), "wait_mr": Out(1), "wait_tx": Out(1),
             **{name: Out(1) for name in STATS},
         }
         for f in TX_FIELDS:
@@ -644,5 +645,8 @@ class SendEngine(wiring.Component):
                 with m.If(tx_cqe_rdy):
                     m.next = "IDLE"
 
-        m.d.comb += self.active.eq(~send_fsm.ongoing("IDLE"))
+        m.d.comb += [self.active.eq(~send_fsm.ongoing("IDLE")),
+                     self.wait_wqe.eq(send_fsm.ongoing("FETCH_WAIT") & ~self.wqe_in.valid),
+                     self.wait_mr.eq(send_fsm.ongoing("MR_RESP") & ~self.mr.resp.valid),
+                     self.wait_tx.eq(send_fsm.ongoing("SEND_META") & ~meta_done & ~desc.ready)]
         return m
