@@ -90,7 +90,10 @@ class Rnic(wiring.Component):
         batch = cfg.wqe_batch
         self.rd_max_len = [batch * WQE_BYTES, cfg.mtu, cfg.mtu, RECV_WQE_BYTES, 8,
                            MR_ICM_ENTRY_BYTES, WQE_BYTES]
-        self.rings = [ring_words_for(W, batch * WQE_BYTES, mrrs, batch * WQE_BYTES * fetch_depth),
+        # the WQE-fetch ring holds every batch the processing units may have in flight
+        # (fetch_depth per unit), so that the units do not wait for each other's room
+        self.rings = [ring_words_for(W, batch * WQE_BYTES, mrrs,
+                                     batch * WQE_BYTES * fetch_depth * cfg.n_pus),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
                       ring_words_for(W, cfg.mtu, mrrs, 2 * cfg.mtu),
                       ring_words_for(W, RECV_WQE_BYTES, mrrs, RECV_WQE_BYTES * cfg.rq_prefetch),
