@@ -72,6 +72,9 @@ class NicConfig:
                     ``max_rd_atomic`` (a retransmitted atomic must still be in it); other
                     values need a wider replay pointer in the responder's QP state.
     doorbell_fifo_depth  receive and CQ doorbells queued in the doorbell block.
+    cq_lookups      the completion engine's CQ-context lookup ports (1 .. 4), used in turn:
+                    that many CQ lookups in flight at once (hw/rnic/completion.py), so a CQE
+                    does not wait for its context's lookup latency after the one before.
     atomic_inflight the responder's atomic unit: operations in flight at once (1 .. 16),
                     serialised per 8-byte address (hw/rnic/atomic.py); 1 executes one atomic at a
                     time for the whole NIC.
@@ -130,6 +133,7 @@ class NicConfig:
     atomic_inflight: int = 4
     rq_prefetch: int = 4
     doorbell_fifo_depth: int = 16
+    cq_lookups: int = 2
     mr_cache_sets: int = 2
     mr_cache_ways: int = 2
     mr_cache_policy: str = "lru"
@@ -179,6 +183,7 @@ class NicConfig:
             raise ValueError(f"replay_slots must be 16 (the responder's replay pointer is 4 bits), "
                              f"not {self.replay_slots!r}")
         _check_pow2("doorbell_fifo_depth", self.doorbell_fifo_depth, 2, 256)
+        _check_range("cq_lookups", self.cq_lookups, 1, 4)
         self._check_cache("mr_cache", self.n_mrs)
         self._check_cache("cq_cache", self.n_cqs)
         self._check_cache("qp_cache", self.n_qps)

@@ -10,7 +10,8 @@ in the completion engine (:mod:`hw.rnic.completion`), which updates them on ever
 A :class:`~hw.ctx.ctx_cache.ContextCache` (sets, ways, policy and MSHRs from
 :class:`~hw.config.NicConfig`: ``cq_cache_*``) with two clients:
 
-* ``lk[0]`` the completion engine: the context of the CQ of every completion it writes;
+* ``lk[0 .. cq_lookups-1]`` the completion engine: the context of the CQ of every completion
+  it writes (its lookups in flight, one per port: hw/rnic/completion.py);
 * ``wr`` the command interface (``SET_CQ``): the whole context, allocated dirty and written
   to ICM when evicted.
 
@@ -29,4 +30,5 @@ __all__ = ["CqCache", "CQ_ICM_ENTRY_BYTES"]
 class CqCache(ContextCache):
     def __init__(self, cfg: NicConfig):
         super().__init__(cfg, layout=CQ_CTX, n_entries=getattr(cfg, "n_cqs", 2),
-                         entry_bytes=CQ_ICM_ENTRY_BYTES, prefix="cq_cache", n_lookups=1)
+                         entry_bytes=CQ_ICM_ENTRY_BYTES, prefix="cq_cache",
+                         n_lookups=cfg.cq_lookups)

@@ -19,12 +19,27 @@ restarts the CQ out of the error state.
 Producer and consumer indices are 16 bits, free running, so rings of up to 2**15 entries
 are supported. They stay on chip (in memories); the CQ's context (ring base, log2 size)
 lives in host memory behind the CQ-context cache (:mod:`hw.ctx.cq_cache`) and is looked up
-(request / response, ``cq``) for every completion, before its CQE is placed. A context that
+(request / response) for every completion, before its CQE is placed. A context that
 could not be read (the cache's fill failed) puts the CQ in error, like a failed CQE write.
+
+The engine is a two-stage pipeline, so that the lookups' latency is not paid per CQE:
+
+* the **front** takes a completion request (``i0`` / ``i1`` round robin), asks for its CQ's
+  context on the next of ``cfg.cq_lookups`` lookup ports (in turn: each port has at most one
+  lookup outstanding, hw/lib/answer_ports.py) and queues the request, in order;
+* the **back** takes the queued requests in order, each with the answer of the port it was
+  asked on, in the cycle the answer is there: it checks the CQ (error, overrun), places the
+  CQE (producer index, owner bit) and writes it (``32 / W`` beats), or sends the QP to ERR.
+  A CQE of ``W`` >= 32 bytes takes two cycles of the back stage (the check, the write).
+
+CQEs are written in the order their requests were taken, as before; the lookups of the next
+``cq_lookups - 1`` requests are in flight while a CQE is written. CQ_ERR events leave
+through ``event`` as soon as a CQ is in error, beside the pipeline.
 
 Ports
     i0, i1     In(CqeRequest())            completion requests, served round-robin
-    cq         Out(CtxLookup(cqn_bits, CQ_CTX)) CQ context lookup (request / response)
+    cq         Out(CtxLookup(cqn_bits, CQ_CTX)).array(cfg.cq_lookups)
+                                           CQ context lookups (request / response), in turn
     cq_event   In(CqEvent())               always ready: the CQ restarts (pi = ci = 0,
                                            error cleared)
     cq_db      In(stream {cqn: 16, ci: 16}) always ready: new consumer index
@@ -33,11 +48,13 @@ Ports
     event      Out(AsyncEventStream())     CQ_ERR events
     cq_err     Out(n_cqs)                  error state of each CQ
     stat_cqe, stat_overflow  Out(1)        one-cycle pulses per written / dropped CQE
-    stat_busy                Out(1)        high while the state machine is not idle
+    stat_busy                Out(1)        high while a request is queued or the back stage
+                                           writes a CQE or sends a QP to ERR
 """
 
-from amaranth import *
+from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
@@ -45,7 +62,7 @@ from .. import formats, regmap
 from ..config import NicConfig
 from ..lib.encoder import first_set
 from ..lib.mem_array import MemArray
-from ..interfaces import (AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, CtxLookup,
+from ..interfaces import (CQE_REQUEST, AsyncEventStream, AsyncEventType, CqeRequest, CqEvent, CtxLookup,
                          DmaWritePort, QpErrRequest)
 
 __all__ = ["Completion", "CQ_DB"]
@@ -59,11 +76,12 @@ class Completion(wiring.Component):
             raise ValueError(f"cfg must be a NicConfig, not {type(cfg).__name__}")
         self.cfg = cfg
         self.cqn_bits = ceil_log2(cfg.n_cqs)
+        self.n_lk = cfg.cq_lookups
         W = cfg.data_bytes
         super().__init__({
             "i0": In(CqeRequest()),
             "i1": In(CqeRequest()),
-            "cq": Out(CtxLookup(max(1, self.cqn_bits), regmap.CQ_CTX)),
+            "cq": Out(CtxLookup(max(1, self.cqn_bits), regmap.CQ_CTX)).array(self.n_lk),
             "cq_event": In(CqEvent()),
             "cq_db": In(stream.Signature(CQ_DB)),
             "dma_wr": Out(DmaWritePort(W)),
@@ -80,6 +98,8 @@ class Completion(wiring.Component):
         cfg = self.cfg
         W = cfg.data_bytes
         n = cfg.n_cqs
+        P = self.n_lk
+        cb = max(1, self.cqn_bits)
         nbeats = max(1, formats.CQE_BYTES // W)
         beat_bytes = min(W, formats.CQE_BYTES)
         wr, done = self.dma_wr.wr, self.dma_wr.done
@@ -93,19 +113,40 @@ class Completion(wiring.Component):
         told = Signal(n)           # its CQ_ERR event has been raised
         m.d.comb += self.cq_err.eq(bad)
 
-        cur = Signal(self.cqn_bits)
-        cqe = Signal(formats.CQE)
-        prio = Signal()          # 0: i0 first, 1: i1 first
-        addr = Signal(64)
-        wdata = Signal(8 * formats.CQE_BYTES)
-        beat = Signal(range(nbeats + 1))
+        # ---- front: take a request, ask for its CQ's context on the next port, queue it
+        pend_layout = CQE_REQUEST
+        m.submodules.pend = pend = SyncFIFOBuffered(width=pend_layout.size, depth=P)
+        prio = Signal()            # 0: i0 first, 1: i1 first
+        ask = Signal(range(P))     # the port the next lookup goes on
+        take1 = Signal()
+        m.d.comb += take1.eq(self.i1.valid & (prio | ~self.i0.valid))
+        src = Signal(pend_layout)
+        m.d.comb += src.eq(Mux(take1, self.i1.payload.as_value(), self.i0.payload.as_value()))
+        offer = Signal()
+        m.d.comb += offer.eq((self.i0.valid | self.i1.valid) & pend.w_rdy)
+        asked = Signal()
+        for k, lk in enumerate(self.cq):
+            m.d.comb += [lk.req.valid.eq(offer & (ask == k)), lk.req.payload.index.eq(src.cqn[:cb])]
+            with m.If(ask == k):
+                m.d.comb += asked.eq(lk.req.valid & lk.req.ready)
+        m.d.comb += [self.i1.ready.eq(asked & take1), self.i0.ready.eq(asked & ~take1),
+                     pend.w_en.eq(asked), pend.w_data.eq(src)]
+        with m.If(asked):
+            m.d.sync += [prio.eq(~take1), ask.eq(Mux(ask == P - 1, 0, ask + 1))]
 
-        # the CQ's context, looked up in CQ_REQ / CQ_RESP (a failed read: ctx_err)
-        # (asked for in IDLE with the request's CQN as it is taken, else in CQ_REQ)
-        cq_idx = Signal(self.cqn_bits)
-        m.d.comb += [cq_idx.eq(cur), self.cq.req.payload.index.eq(cq_idx)]
+        # ---- back: the oldest request with its answer
+        head = Signal(pend_layout)
+        m.d.comb += head.eq(pend.r_data)
+        serve = Signal(range(P))   # the port whose answer the oldest request waits for
+        ans_v = Signal()
+        ans = Signal.like(self.cq[0].resp.payload)
+        for k, lk in enumerate(self.cq):
+            with m.If(serve == k):
+                m.d.comb += [ans_v.eq(lk.resp.valid), ans.eq(lk.resp.payload)]
         ctx = Signal(regmap.CQ_CTX)
-        ctx_err = Signal()
+        m.d.comb += ctx.eq(ans.data)
+        cur = Signal(self.cqn_bits)
+        m.d.comb += cur.eq(head.cqn[:self.cqn_bits])
         size = Signal(33)
         mask = Signal(32)
         m.d.comb += [size.eq(Const(1, 33) << ctx.log_size), mask.eq(size - 1)]
@@ -116,81 +157,62 @@ class Completion(wiring.Component):
         owner = Signal()
         m.d.comb += owner.eq(~(pi[cur] >> ctx.log_size)[0])
 
-        # a CQ in error whose event has not been raised yet
+        wcq = Signal(self.cqn_bits)     # the CQ of the CQE being written (its write's tag)
+        kqpn = Signal.like(head.cqe.qpn)
+        addr = Signal(64)
+        wdata = Signal(8 * formats.CQE_BYTES)
+        beat = Signal(range(nbeats + 1))
+
+        # a CQ in error whose event has not been raised yet: raised beside the pipeline
         untold = bad & ~told
         ev_any, ev_cq = first_set(m, untold, "ev")
         set_bad = Signal(n)            # overrun or completion for a CQ in error
         set_bad_wr = Signal(n)         # a CQE write failed
         set_told = Signal(n)
+        m.d.comb += [self.event.valid.eq(ev_any),
+                     self.event.payload.type.eq(AsyncEventType.CQ_ERR),
+                     self.event.payload.index.eq(ev_cq)]
+        with m.If(self.event.valid & self.event.ready):
+            m.d.comb += set_told.eq(1 << ev_cq)
 
         with m.FSM() as fsm:
-            with m.State("IDLE"):
-                take1 = Signal()
-                m.d.comb += take1.eq(self.i1.valid & (prio | ~self.i0.valid))
-                with m.If(ev_any):
-                    m.next = "EVENT"
-                for take, src, nprio in ((take1, self.i1, 0),
-                                         (~take1 & self.i0.valid, self.i0, 1)):
-                    with m.Elif(take):
-                        # the CQ's context is asked for at once (CQ_REQ if not taken now)
-                        m.d.comb += [src.ready.eq(1), self.cq.req.valid.eq(1),
-                                     cq_idx.eq(src.payload.cqn)]
-                        m.d.sync += [cur.eq(src.payload.cqn), cqe.eq(src.payload.cqe),
-                                     prio.eq(nprio)]
-                        with m.If(self.cq.req.ready):
-                            m.next = "CQ_RESP"
-                        with m.Else():
-                            m.next = "CQ_REQ"
-            with m.State("EVENT"):
-                m.d.comb += [self.event.valid.eq(1),
-                             self.event.payload.type.eq(AsyncEventType.CQ_ERR),
-                             self.event.payload.index.eq(ev_cq)]
-                with m.If(self.event.ready):
-                    m.d.comb += set_told.eq(1 << ev_cq)
-                    m.next = "IDLE"
-            with m.State("CQ_REQ"):
-                m.d.comb += self.cq.req.valid.eq(1)
-                with m.If(self.cq.req.ready):
-                    m.next = "CQ_RESP"
-            with m.State("CQ_RESP"):
-                m.d.comb += self.cq.resp.ready.eq(1)
-                with m.If(self.cq.resp.valid):
-                    m.d.sync += [ctx.eq(self.cq.resp.payload.data),
-                                 ctx_err.eq(self.cq.resp.payload.err)]
-                    m.next = "LOOK"
             with m.State("LOOK"):
-                with m.If(ctx_err):
-                    # the CQ's context could not be read from ICM: the CQ is in error
-                    m.d.comb += [self.stat_overflow.eq(1), set_bad.eq(1 << cur)]
-                    m.next = "KILL_QP"
-                with m.Elif(full | bad.bit_select(cur, 1)):
-                    # an overrun puts the CQ in error; nothing more is added to it, and the
-                    # QP that needed it goes to ERR
-                    m.d.comb += [self.stat_overflow.eq(1), set_bad.eq(1 << cur)]
-                    m.next = "KILL_QP"
-                with m.Else():
-                    flags = Signal(8)
-                    m.d.comb += flags.eq((cqe.flags & 0x7F) | (owner << 7))
-                    entry = Signal(formats.CQE)
-                    m.d.comb += [entry.eq(cqe), entry.flags.eq(flags)]
-                    m.d.sync += [
-                        addr.eq(ctx.base + ((pi[cur] & mask) * formats.CQE_BYTES)),
-                        wdata.eq(entry.as_value()),
-                        beat.eq(0),
-                    ]
-                    m.d.comb += pi.write("fsm", cur, pi[cur] + 1)
-                    m.d.comb += self.stat_cqe.eq(1)
-                    m.next = "WRITE"
+                with m.If(pend.r_rdy & ans_v):
+                    for k, lk in enumerate(self.cq):
+                        with m.If(serve == k):
+                            m.d.comb += lk.resp.ready.eq(1)
+                    m.d.comb += pend.r_en.eq(1)
+                    m.d.sync += [serve.eq(Mux(serve == P - 1, 0, serve + 1)),
+                                 kqpn.eq(head.cqe.qpn), wcq.eq(cur)]
+                    with m.If(ans.err | full | bad.bit_select(cur, 1)):
+                        # a context that could not be read from ICM, an overrun, or a CQ
+                        # already in error: the CQ is (stays) in error, nothing more is
+                        # added to it, and the QP that needed it goes to ERR
+                        m.d.comb += [self.stat_overflow.eq(1), set_bad.eq(1 << cur)]
+                        m.next = "KILL_QP"
+                    with m.Else():
+                        flags = Signal(8)
+                        m.d.comb += flags.eq((head.cqe.flags & 0x7F) | (owner << 7))
+                        entry = Signal(formats.CQE)
+                        m.d.comb += [entry.eq(head.cqe), entry.flags.eq(flags)]
+                        m.d.sync += [
+                            addr.eq(ctx.base + ((pi[cur] & mask) * formats.CQE_BYTES)),
+                            wdata.eq(entry.as_value()),
+                            beat.eq(0),
+                        ]
+                        m.d.comb += pi.write("fsm", cur, pi[cur] + 1)
+                        m.d.comb += self.stat_cqe.eq(1)
+                        m.next = "WRITE"
             with m.State("KILL_QP"):
-                m.d.comb += [self.err_qp.valid.eq(1), self.err_qp.payload.qpn.eq(cqe.qpn)]
+                m.d.comb += [self.err_qp.valid.eq(1), self.err_qp.payload.qpn.eq(kqpn)]
                 with m.If(self.err_qp.ready):
-                    m.next = "IDLE"
+                    m.next = "LOOK"
             with m.State("WRITE"):
                 m.d.comb += [
                     wr.valid.eq(1),
                     wr.payload.addr.eq(addr),
                     wr.payload.len.eq(formats.CQE_BYTES),
-                    wr.payload.tag.eq(cur),
+                    wr.payload.tag.eq(wcq),
                     wr.payload.data.eq(wdata[:8 * beat_bytes]),
                     wr.payload.nbytes.eq(beat_bytes),
                     wr.payload.last.eq(beat == nbeats - 1),
@@ -199,7 +221,7 @@ class Completion(wiring.Component):
                 with m.If(wr.ready):
                     m.d.sync += [wdata.eq(wdata >> (8 * beat_bytes)), beat.eq(beat + 1)]
                     with m.If(beat == nbeats - 1):
-                        m.next = "IDLE"
+                        m.next = "LOOK"
 
         # a CQE write the host refused: the CQ is in error (a CQ protection error)
         with m.If(done.valid & done.payload.err):
@@ -218,5 +240,5 @@ class Completion(wiring.Component):
         m.d.sync += [bad.eq((bad | set_bad | set_bad_wr) & ~clear),
                      told.eq((told | set_told) & ~clear)]
         m.d.comb += pi.read_addrs() + ci.read_addrs()
-        m.d.comb += self.stat_busy.eq(~fsm.ongoing("IDLE"))
+        m.d.comb += self.stat_busy.eq(~fsm.ongoing("LOOK") | pend.r_rdy)
         return m

@@ -170,7 +170,8 @@ class Rnic(wiring.Component):
         wiring.connect(m, context.mr_wr, mr_cache.wr)
         m.d.comb += mr_cache.base.eq(context.icm_mr_base)
         # CQ contexts: in ICM too, behind the CQ-context cache
-        wiring.connect(m, comp.cq, cq_cache.lk[0])
+        for k in range(cfg.cq_lookups):
+            wiring.connect(m, comp.cq[k], cq_cache.lk[k])
         wiring.connect(m, context.cq_wr, cq_cache.wr)
         m.d.comb += cq_cache.base.eq(context.icm_cq_base)
         # the caches share the host interface's ICM read and write clients

@@ -9,6 +9,7 @@ back-pressure.
 """
 
 import random
+from dataclasses import replace
 
 import pytest
 from amaranth import Module
@@ -30,20 +31,24 @@ class Bench(wiring.Component):
     """Completion engine plus a CQ context table behind a request / response port that
     answers after 1 .. 8 cycles (``bad``: CQs whose context read fails)."""
 
-    def __init__(self, cfg, cqs, bad=()):
+    def __init__(self, cfg, cqs, bad=(), latency=None):
         self.dut = Completion(cfg)
         init = []
         for i in range(cfg.n_cqs):
             base, log = cqs.get(i, (0, 0))
             init.append({"base": base, "log_size": log})
-        self.table = TableLookup(self.dut.cqn_bits, regmap.CQ_CTX, init, bad=bad)
+        # one table per lookup port, each answering after its own random latency
+        self.tables = [TableLookup(self.dut.cqn_bits, regmap.CQ_CTX, init, bad=bad,
+                                   latency=latency)
+                       for _ in range(cfg.cq_lookups)]
         super().__init__({})
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.dut = self.dut
-        m.submodules.table = self.table
-        wiring.connect(m, self.dut.cq, self.table.port)
+        for k, table in enumerate(self.tables):
+            m.submodules[f"table{k}"] = table
+            wiring.connect(m, self.dut.cq[k], table.port)
         return m
 
 
@@ -53,15 +58,16 @@ def cqe_fields(rng, i):
                 qpn=rng.randrange(4), src_qpn=i, flags=rng.choice([0, 1, 0x81]))
 
 
-def run(cfg, seed, script, cqs, bp=0.3, fail=None, bad=()):
+def run(cfg, seed, script, cqs, bp=0.3, fail=None, bad=(), latency=None):
     """script: list of ("cqe", port, cqn, fields) / ("db", cqn, ci) / ("ev", cqn) / ("wait", n).
-    Returns (writes [(addr, bytes)], stats, events [(type, index)], QPs sent to ERR)."""
-    bench = Bench(cfg, cqs, bad)
+    Returns (writes [(addr, bytes)], stats, events [(type, index)], QPs sent to ERR); stats
+    has the CQEs placed and dropped and the cycle of the last CQE placed (``last``)."""
+    bench = Bench(cfg, cqs, bad, latency)
     dut = bench.dut
     rng = random.Random(seed)
     mem = HostMemory()
     dma = PortMemorySim(cfg.data_bytes, mem=mem, seed=seed, lat=(2, 8), p_ready=1 - bp, fail=fail)
-    stats = {"cqe": 0, "ovf": 0}
+    stats = {"cqe": 0, "ovf": 0, "last": 0}
     events, killed = [], []
 
     async def driver(ctx):
@@ -92,7 +98,9 @@ def run(cfg, seed, script, cqs, bp=0.3, fail=None, bad=()):
             await ctx.tick()
 
     async def sinks(ctx):
+        t = 0
         while True:
+            t += 1
             re, rk = rng.random() > bp, rng.random() > bp
             ctx.set(dut.event.ready, re)
             ctx.set(dut.err_qp.ready, rk)
@@ -100,6 +108,8 @@ def run(cfg, seed, script, cqs, bp=0.3, fail=None, bad=()):
                 dut.stat_cqe, dut.stat_overflow, dut.event.valid, dut.event.payload,
                 dut.err_qp.valid, dut.err_qp.payload)
             stats["cqe"] += sc
+            if sc:
+                stats["last"] = t
             stats["ovf"] += so
             if ev and re:
                 events.append((int(ep.type), int(ep.index)))
@@ -211,7 +221,7 @@ def test_overrun_puts_the_cq_in_error_until_set_cq():
     assert writes[3][1][31] & 0x80            # first pass again after SET_CQ
     assert events == [(AsyncEventType.CQ_ERR, 2)]
     assert killed == [f[2]["qpn"], f[3]["qpn"]]
-    assert stats == {"cqe": 4, "ovf": 2}
+    assert (stats["cqe"], stats["ovf"]) == (4, 2)
 
 
 def test_failed_cqe_write_puts_the_cq_in_error():
@@ -239,7 +249,7 @@ def test_cq_context_read_failure_puts_the_cq_in_error():
     assert [a for a, _ in writes] == [0x10000, 0x20000, 0x10020]
     assert events == [(AsyncEventType.CQ_ERR, 2)]
     assert killed == [f[1]["qpn"], f[3]["qpn"]]
-    assert stats == {"cqe": 3, "ovf": 2}
+    assert (stats["cqe"], stats["ovf"]) == (3, 2)
 
 
 def test_concurrent_inputs_round_robin():
@@ -282,6 +292,35 @@ def test_concurrent_inputs_round_robin():
     order = [formats.unpack(formats.CQE, d)["src_qpn"] for *_, d in dma.writes]
     assert sorted(order) == sorted([i for i in range(6)] + [100 + i for i in range(6)])
     assert order[:6] in ([0, 100, 1, 101, 2, 102], [100, 0, 101, 1, 102, 2])
+
+
+@pytest.mark.parametrize("lookups", [1, 2, 3])
+def test_back_to_back_in_request_order(lookups):
+    """Requests back to back from both inputs (no waits), each lookup port answering after
+    its own random latency: the CQEs are written in the order the requests were taken, each
+    at its CQ's next entry with its owner bit, whatever order the answers come in."""
+    cfg = replace(CFG, cq_lookups=lookups)
+    rng = random.Random(20 + lookups)
+    cqs = {c: (0x10000 * (c + 1), 6) for c in range(4)}
+    script = [("cqe", rng.randrange(2), rng.randrange(4), cqe_fields(rng, i)) for i in range(80)]
+    writes, stats, events, killed, _ = run(cfg, 8, script, cqs, bp=0.3)
+    exp, _, _ = model(script, cqs)
+    assert writes == exp and len(writes) == 80 and not events and not killed
+
+
+def test_lookups_in_flight_overlap_their_latency():
+    """Without back-pressure and with a fixed lookup latency, two lookup ports place CQEs
+    faster than one: the second CQE's lookup is in flight while the first is written."""
+    cfg = replace(CFG, data_bytes=64, cq_lookups=1)
+    cqs = {c: (0x10000 * (c + 1), 6) for c in range(4)}
+    rng = random.Random(4)
+    script = [("cqe", 0, rng.randrange(4), cqe_fields(rng, i)) for i in range(40)]
+    last = {}
+    for k in (1, 2):
+        writes, stats, *_ = run(replace(cfg, cq_lookups=k), 9, script, cqs, bp=0.0, latency=3)
+        assert writes == model(script, cqs)[0]
+        last[k] = stats["last"]
+    assert last[2] < 0.8 * last[1], last
 
 
 def test_wide_datapath():
