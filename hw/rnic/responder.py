@@ -19,6 +19,13 @@ meta is latched, the QP context (``qp`` lookup) and the per-QP responder state (
 the message in progress) are read, the packet is checked, then executed (payload streamed
 to ``wr``; the receive WQE taken from the receive-WQE prefetcher), then the CQE, the
 QP-error request and the ACK/NAK are issued in that order and the state row is written back.
+Three things keep the cycles per packet few: the next packet's QP-context and MR lookups
+are asked for while the packet before it is finished (its answers wait in the caches'
+answer registers, so its LOAD takes one cycle instead of the lookup's latency); the
+write-back is done in the cycle of the last finishing stage that has other work (FIN_WB
+only when a QP event takes the state's write port that cycle); and a READ that passes its
+checks queues its descriptor and writes its state back in CHECK. A READ then takes four
+cycles of the FSM (IDLE, LOAD, CHECK and a cycle waiting for the lookup's answer).
 
 Receive WQEs are read ahead per QP (:class:`~hw.ctx.rq_prefetch.RqPrefetch`, IBA 9.7 leaves
 how a responder obtains its receive WQEs to the implementation): a doorbell on a receive
@@ -40,7 +47,9 @@ atomic is not prefetched before the atomic has been answered (so it reads what t
 wrote), and payload writes (WRITE, SEND) wait until every atomic of their QP taken before is
 answered (the unit's ``owner_busy``; other QPs' atomics do not hold them).
 A duplicate of an atomic still executing is not in the replay cache yet: it is dropped (the
-requester retries; the original's acknowledge is on its way).
+requester retries; the original's acknowledge is on its way). A slot is invalidated when a new
+atomic takes it (its result is written when the unit answers), so the cache answers for
+exactly the QP's last ``replay_slots`` atomics, whatever the atomic unit's latency.
 
 The CQE and the response descriptors pass a :class:`~hw.lib.write_gate.WriteGate` first:
 they leave, in order, only once the host has answered the payload writes issued before
@@ -212,7 +221,9 @@ WQE_DMA_TAG = RQ_DMA_TAG
 #: Atomic replay cache slots per QP (max_rd_atomic is at most 16: a retransmitted atomic is
 #: always among the last 16 atomics the QP executed).
 REPLAY_SLOTS = NicConfig.replay_slots
-REPLAY_ENTRY = data.StructLayout({"psn": 24, "orig": 64})
+#: ``valid`` is cleared when an atomic is handed to the atomic unit with the slot and set
+#: with its result: a slot being reused never answers for the atomic it held before.
+REPLAY_ENTRY = data.StructLayout({"psn": 24, "orig": 64, "valid": 1})
 
 class Responder(wiring.Component):
     """RC responder: executes request packets, answers ACK/NAK/READ/atomic responses."""
@@ -290,6 +301,9 @@ class Responder(wiring.Component):
                                               init=[])
         rc_rd = rc_mem.read_port(domain="comb")
         rc_wr = rc_mem.write_port()
+        # a slot is invalidated as an atomic takes it (AT_IN): until its result is written
+        # the slot answers no duplicate, so the window is exactly the last REPLAY_SLOTS atomics
+        rc_inv = rc_mem.write_port()
         rscan = Signal(range(cfg.replay_slots))
         at_o = atomic.o.payload
         at_ctx = AT_CTX(at_o.ctx)
@@ -302,7 +316,11 @@ class Responder(wiring.Component):
             rc_wr.addr.eq(Cat(at_ctx.rp, at_ctx.qpn[:qb])),
             rc_wr.data.psn.eq(at_ctx.psn),
             rc_wr.data.orig.eq(at_o.orig),
-            rc_wr.en.eq(atomic.o.valid & rq.at_result.ready & ~at_o.err),
+            rc_wr.data.valid.eq(1),
+            # (the result of an atomic whose slot is being taken by a new one this very
+            # cycle is out of the window: not written)
+            rc_wr.en.eq(atomic.o.valid & rq.at_result.ready & ~at_o.err
+                        & ~(rc_inv.en & (rc_inv.addr == rc_wr.addr))),
         ]
         pi_rd = pi_mem.read_port(domain="comb")
         pi_wr = pi_mem.write_port()
@@ -365,7 +383,9 @@ class Responder(wiring.Component):
         # the key's MR entry, looked up (request / response) before CHECK and WQE_CHECK
         mr_key = Signal(32)
         e = Signal(MR_ENTRY)
-        m.d.comb += [mr_key.eq(pk.rkey), self.mr.req.payload.index.eq(mr_key[8:8 + self.mr_bits])]
+        mr_req_key = Signal(32)        # the key asked for: mr_key, or the next packet's rkey
+        m.d.comb += [mr_key.eq(pk.rkey), mr_req_key.eq(mr_key),
+                     self.mr.req.payload.index.eq(mr_req_key[8:8 + self.mr_bits])]
         m.submodules.check = chk = RequestCheck(mtu)
         m.d.comb += [chk.pk.eq(pk), chk.state.eq(s), chk.ctx.eq(ctx), chk.mr.eq(e),
                      chk.key.eq(mr_key), chk.wqe.eq(wqe), chk.pi.eq(pi_r)]
@@ -486,14 +506,27 @@ class Responder(wiring.Component):
         # finishing sequence: discard, CQE, QP error, ACK/NAK, write-back
         fin_stages = [("FIN_CQE", f_cqe), ("FIN_ERR", f_err), ("FIN_ACK", f_ack), ("FIN_WB", f_wb)]
 
+        def write_back(row):
+            """The last finishing stage, done at once: the state row ``row`` written back and
+            IDLE, unless a QP event takes the write port this cycle (then FIN_WB) or reset
+            this QP meanwhile (nothing written)."""
+            with m.If(killed | kill_now):
+                m.next = "IDLE"
+            with m.Elif(~ev_reset):
+                m.d.comb += [st_wr.addr.eq(qpn), st_wr.data.eq(row), st_wr.en.eq(1)]
+                m.next = "IDLE"
+            with m.Else():
+                m.next = "FIN_WB"
+
         def fin_next(first):
-            """Go to the first finishing stage from ``first`` on that has work, else IDLE."""
-            todo = fin_stages[first:]
-            with m.If(todo[0][1]):
-                m.next = todo[0][0]
-            for name, flag in todo[1:]:
-                with m.Elif(flag):
+            """Go to the first finishing stage from ``first`` on that has work; the write-back
+            (FIN_WB) is done in this cycle if it is the only one left; else IDLE."""
+            todo = fin_stages[first:-1]
+            for k, (name, flag) in enumerate(todo):
+                with (m.If if k == 0 else m.Elif)(flag):
                     m.next = name
+            with (m.Elif if todo else m.If)(f_wb):
+                write_back(s)
             with m.Else():
                 m.next = "IDLE"
 
@@ -506,22 +539,30 @@ class Responder(wiring.Component):
             with m.Else():
                 fin_next(0)
 
+        # The next packet's lookups (the head of rx.meta): asked for in IDLE, and already
+        # while the packet before it is finished (pre_ok, below), each once; the packet is
+        # taken in IDLE once both requests have been taken, and LOAD waits for the answers.
+        inm = self.rx.meta.payload
+        in_mr = Signal()
+        m.d.comb += in_mr.eq(Cat(*[inm.opcode == o.value for o in (
+            Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM, Op.READ_REQUEST,
+            Op.COMPARE_SWAP, Op.FETCH_ADD)]).any())
+        pre_kill = Signal()      # the asked-for packet's QP was reset before it was taken
+
+        def ask_next():
+            m.d.comb += [
+                self.qpc.req.valid.eq(self.rx.meta.valid & ~q_asked),
+                self.qpc.req.payload.index.eq(inm.dest_qpn[:qb]),
+                self.mr.req.valid.eq(self.rx.meta.valid & in_mr & ~m_asked),
+                mr_req_key.eq(inm.rkey),
+            ]
+
         with m.FSM(name="rsp") as fsm:
             with m.State("IDLE"):
                 # the QP context and, for a request that names an rkey, its MR entry are
                 # asked for at once (the rkey is in the packet): both requests are offered
                 # while the packet waits, each until taken; the packet is taken with the last
-                inm = self.rx.meta.payload
-                in_mr = Signal()
-                m.d.comb += in_mr.eq(Cat(*[inm.opcode == o.value for o in (
-                    Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM, Op.READ_REQUEST,
-                    Op.COMPARE_SWAP, Op.FETCH_ADD)]).any())
-                m.d.comb += [
-                    self.qpc.req.valid.eq(self.rx.meta.valid & ~q_asked),
-                    self.qpc.req.payload.index.eq(inm.dest_qpn[:qb]),
-                    self.mr.req.valid.eq(self.rx.meta.valid & in_mr & ~m_asked),
-                    mr_key.eq(inm.rkey),
-                ]
+                ask_next()
                 q_ok = q_asked | self.qpc.req.ready
                 m_ok = ~in_mr | m_asked | self.mr.req.ready
                 m.d.comb += self.rx.meta.ready.eq(q_ok & m_ok)
@@ -530,7 +571,8 @@ class Responder(wiring.Component):
                         pk.eq(inm),
                         # an event resetting the QP in this very cycle: the state read now
                         # is the old one, so the packet counts as arrived before the event
-                        killed.eq(ev_reset & (ev.qpn[:qb] == inm.dest_qpn[:qb])),
+                        killed.eq(pre_kill | (ev_reset & (ev.qpn[:qb] == inm.dest_qpn[:qb]))),
+                        pre_kill.eq(0),
                         pay_pending.eq(inm.paylen != 0),
                         f_cqe.eq(0), f_err.eq(0), f_ack.eq(0), f_wb.eq(0), c_verr.eq(0),
                         pi_r.eq(pi_rd.data), s.eq(st_rd.data),
@@ -642,11 +684,20 @@ class Responder(wiring.Component):
                         m.next = "FIN_DISCARD"
                     with m.Else():
                         # the expected PSN advances by the number of responses
-                        m.d.sync += [
-                            f_wb.eq(1), s.msn.eq(s.msn + 1), s.epsn.eq(pk.psn + n_resp),
-                            s.nak_sent.eq(0),
-                        ]
-                        m.next = "RD_PUSH"
+                        rd_s = Signal(RSP_STATE)
+                        m.d.comb += [rd_s.eq(s), rd_s.msn.eq(s.msn + 1),
+                                     rd_s.epsn.eq(pk.psn + n_resp), rd_s.nak_sent.eq(0)]
+                        m.d.sync += [f_wb.eq(1), s.eq(rd_s)]
+                        # its descriptor queued in this cycle if the gate takes it, and the
+                        # state row written back with it; else in RD_PUSH
+                        with m.If(pay_pending):
+                            m.next = "RD_PUSH"
+                        with m.Else():
+                            with m.If(push(RESP_READ, pk.psn, Syn.ACK.value, rd_s.msn,
+                                           arg=pk.va, length=pk.dma_len)):
+                                write_back(rd_s)
+                            with m.Else():
+                                m.next = "RD_PUSH"
 
                 with m.Else():  # atomic
                     with m.If(a_align_bad):
@@ -773,7 +824,7 @@ class Responder(wiring.Component):
             with m.State("REPLAY"):
                 # look the PSN up in this QP's ring of recent atomic results (one slot per
                 # cycle); an atomic is never executed twice: not found -> dropped silently
-                hit = ((rc_rd.data.psn == pk.psn)
+                hit = ((rc_rd.data.psn == pk.psn) & rc_rd.data.valid
                        & (s.rfull | (rscan < s.rp)))
                 with m.If(hit):
                     m.d.comb += self.stat_replay.eq(1)
@@ -805,7 +856,8 @@ class Responder(wiring.Component):
                     ictx.psn.eq(pk.psn),
                 ]
                 with m.If(atomic.i.valid & atomic.i.ready):
-                    m.d.comb += at_disp.eq(1)
+                    m.d.comb += [at_disp.eq(1), rc_inv.addr.eq(Cat(s.rp, qpn)),
+                                 rc_inv.data.valid.eq(0), rc_inv.en.eq(1)]
                     m.d.sync += [s.rp.eq(s.rp + 1), s.rfull.eq(s.rfull | (s.rp == cfg.replay_slots - 1))]
                     m.next = "AT_PH"
 
@@ -871,6 +923,25 @@ class Responder(wiring.Component):
 
         with m.If(kill_now & ~fsm.ongoing("IDLE")):
             m.d.sync += killed.eq(1)
+
+        # The next packet's lookups are asked for while this one is finished: in every state
+        # after this packet's own lookups (LOAD) except where it may still need the MR port
+        # (a SEND's receive WQE and its lkey: CHECK of a first SEND, WQE_*), so that its
+        # answers wait in the caches' answer registers and its LOAD takes one cycle. An
+        # event resetting that QP before the packet is taken kills it (pre_kill), as one
+        # during its LOAD does.
+        pre_ok = ~(fsm.ongoing("IDLE") | fsm.ongoing("LOAD") | fsm.ongoing("WQE_REQ")
+                   | fsm.ongoing("WQE_DATA") | fsm.ongoing("WQE_MR_REQ")
+                   | fsm.ongoing("WQE_MR_RESP") | (fsm.ongoing("CHECK") & is_send_first))
+        with m.If(pre_ok):
+            ask_next()
+            with m.If(self.qpc.req.valid & self.qpc.req.ready):
+                m.d.sync += q_asked.eq(1)
+            with m.If(self.mr.req.valid & self.mr.req.ready):
+                m.d.sync += m_asked.eq(1)
+        with m.If(~fsm.ongoing("IDLE") & q_asked & ev_reset
+                  & (ev.qpn[:qb] == inm.dest_qpn[:qb])):
+            m.d.sync += pre_kill.eq(1)
 
         # ---- QP events (always ready, priority on the state write port) -------------
         m.d.comb += self.qp_event.ready.eq(1)

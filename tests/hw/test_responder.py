@@ -1248,14 +1248,16 @@ def test_duplicates_have_no_second_effect():
     assert reads == [12, 12]
 
 
-def test_atomic_replay_cache_window():
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_atomic_replay_cache_window(seed):
     """The cache holds the last 16 atomics of a QP: older duplicates are dropped, never
-    executed a second time."""
+    executed a second time, even while the atomic that took an old one's slot is still in
+    the atomic unit (the slot is invalidated as it is taken; seeds vary the timing)."""
     items = [event(0, QpState.RTS, 0)]
     ops = [pkt(Op.FETCH_ADD, 0, i, va=0x600, rkey=K0, swap_add=1) for i in range(20)]
     items += ops + [ops[3], ops[4], ops[19], ops[8]]     # 3 is too old; 4, 19, 8 are cached
     mem = init_mem()
-    out = run(items, mem=mem, bp=True, seed=5)
+    out = run(items, mem=mem, bp=True, seed=seed)
     before = int.from_bytes(mem[0x600:0x608], "little")
     assert int.from_bytes(out["mem"][0x600:0x608], "little") == (before + 20) & M64
     assert out["dups"] == 4 and out["replays"] == 3
