@@ -13,7 +13,10 @@ Models the write half of an RNIC's host-interface DMA engine (as Corundum's
   header's ``addr`` and ``len``). A shifter with one word of carry does it at one word per
   cycle; a write whose head and tail are both unaligned takes one extra word.
 * **Writes in order.** One client write at a time (round robin between clients at write
-  boundaries), its TLPs back to back; PCIe keeps posted writes in order. The last TLP of a
+  boundaries), its TLPs back to back; PCIe keeps posted writes in order. Another client's
+  write is taken in the cycle the last word of one leaves, so that one-word writes (CQEs,
+  8-byte payloads) leave one per cycle; a client's own next write one cycle later (its
+  first beat is offered only once its last one is taken). The last TLP of a
   write whose client set ``hint`` carries ``th`` (the host signals it when it is in memory).
 * **Responses** (as AXI's B channel; PCIe posted writes have none): the host answers every
   MWr in order with a write response carrying its tag and a status. When all TLPs of a
@@ -107,24 +110,15 @@ class DmaWriteEngine(wiring.Component):
         t_end = Signal(65)         # end of the TLP in progress
         wseq = Signal(8)
 
-        any_v, pick = round_robin_pick(m, [c.wr.valid for c in self.wr], last_c)
+        # the next write: while one is going, another client's only (the owner's next write
+        # shows its first beat only once its current last beat has been taken)
+        any_v, pick = round_robin_pick(
+            m, [c.wr.valid & ~(busy & (owner == i)) for i, c in enumerate(self.wr)], last_c)
         first = Signal.like(self.wr[0].wr.payload)
         with m.Switch(pick):
             for c in range(n):
                 with m.Case(c):
                     m.d.comb += first.eq(self.wr[c].wr.payload)
-        with m.If(~busy & any_v):
-            ln = first.len
-            m.d.sync += [
-                busy.eq(1), owner.eq(pick), last_c.eq(pick),
-                addr.eq(first.addr), end.eq(first.addr + ln), utag.eq(first.tag),
-                hint.eq(first.hint),
-                rot.eq(first.addr[:lw]), hk.eq(Cat(Const(0, lw), first.addr[lw:])),
-                k.eq(0),
-                n_in.eq((ln + (W - 1)) >> lw),
-                n_out.eq((first.addr[:lw] + ln + (W - 1)) >> lw),
-                self.accepted.eq(self.accepted + 1),
-            ]
 
         # the client beat for out word k (none for the extra tail word)
         cur_v = Signal()
@@ -176,6 +170,21 @@ class DmaWriteEngine(wiring.Component):
                 m.d.sync += [t_end.eq(new_end), wseq.eq(wseq + 1)]
             with m.If(write_last):
                 m.d.sync += [busy.eq(0), self.emitted.eq(self.emitted + 1)]
+
+        # a write is taken when the engine is idle or in the cycle its last word leaves (then
+        # it overrides the updates above): one-word writes of different clients go back to back
+        with m.If(any_v & (~busy | (take & write_last))):
+            ln = first.len
+            m.d.sync += [
+                busy.eq(1), owner.eq(pick), last_c.eq(pick),
+                addr.eq(first.addr), end.eq(first.addr + ln), utag.eq(first.tag),
+                hint.eq(first.hint),
+                rot.eq(first.addr[:lw]), hk.eq(Cat(Const(0, lw), first.addr[lw:])),
+                k.eq(0),
+                n_in.eq((ln + (W - 1)) >> lw),
+                n_out.eq((first.addr[:lw] + ln + (W - 1)) >> lw),
+                self.accepted.eq(self.accepted + 1),
+            ]
 
         # ---- responses, in order -----------------------------------------------------------
         head = Signal(OUT)

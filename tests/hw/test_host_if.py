@@ -312,3 +312,37 @@ def test_bad_params():
         DmaWriteEngine(8, 1, outstanding=3)
     with pytest.raises(ValueError, match=r"tlp_overhead must be an integer in \[0, 256\], not -1"):
         HostInterface(8, [128], 1, tlp_overhead=-1)
+
+
+def test_one_word_writes_of_two_clients_leave_back_to_back():
+    """Two clients each offering one-word writes all the time, MWr never back-pressured: a
+    write of the other client is taken in the cycle the last word of one leaves, so the
+    engine sends one TLP per cycle (a client alone: one every two cycles)."""
+    W, n = 8, 40
+
+    def cycles(clients):
+        dut = DmaWriteEngine(W, 2, outstanding=256)
+        seen = []
+
+        async def bench(ctx):
+            ctx.set(dut.mwr.ready, 1)
+            for c in clients:
+                ctx.set(dut.wr[c].wr.payload, {"addr": 0x1000 * (c + 1), "len": W, "tag": c,
+                                               "data": 0x55, "nbytes": W, "last": 1})
+                ctx.set(dut.wr[c].wr.valid, 1)
+            t = 0
+            while len(seen) < n:
+                _, _, v, hdr = await ctx.tick().sample(dut.mwr.valid, dut.mwr.payload.hdr)
+                t += 1
+                if v:
+                    seen.append((t, int(hdr.addr)))
+
+        sim = Simulator(dut)
+        sim.add_clock(1e-8)
+        sim.add_testbench(bench)
+        sim.run()
+        assert {a for _, a in seen} == {0x1000 * (c + 1) for c in clients}
+        return seen[-1][0] - seen[0][0] + 1
+
+    assert cycles([0, 1]) == n
+    assert cycles([0]) == 2 * n - 1
