@@ -45,7 +45,9 @@ class NicConfig:
                     many bytes (a power of two in [128, 4096]).
     tlp_overhead    bytes of header and framing per TLP on the host link, counted in the
                     host-interface counters and charged by the link model (PCIe: 20-28).
-    dma_write_outstanding  write TLPs whose response the DMA engine may wait for at once.
+    dma_write_outstanding  write TLPs whose response the DMA engine may wait for at once
+                    (PCIe posted writes wait for no completion: the bound stands for the
+                    posted-credit pool).
 
     Structural constants of the pipeline (they shape throughput and latency under load, so
     they are fields, recorded in every summary.json with the rest of the configuration):
@@ -341,13 +343,19 @@ class SystemConfig:
 # read from host memory (about 100 cycles here), so the queue's depth over that latency
 # caps the WRITE rate (Little's law: 8 headers gave 0.073 WRITEs per cycle; 32 cover the
 # latency at up to 0.32 per cycle). Chosen from the mechanism, not fitted to a figure.
+# dma_tags 256 (PCIe's 8-bit extended Tag field; a ConnectX-6 is a PCIe 4.0 device, which may
+# use 10-bit tags) and dma_write_outstanding 256: with 32 of either, Little's law over a PCIe
+# round trip of about 100 cycles caps the 8-byte READs a responder reads (one tag each) and
+# the writes a requester waits for (data and CQE, a response each) at about 0.3 per cycle,
+# 80 Mops, below the card's 111. Chosen from the mechanism, not fitted to a figure.
 _CONNECTX6 = SystemConfig(
     name="connectx6",
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=1024, n_cqs=64, n_mrs=16,
                   n_doorbells=16, mtu=4096, max_rd_atomic=16, max_outstanding=32,
                   pipeline_ns=112.0, mr_cache_sets=8, mr_cache_ways=2,
                   cq_cache_sets=32, cq_cache_ways=2, qp_cache_sets=64, qp_cache_ways=4,
-                  wqe_cache_sets=256, wqe_cache_ways=4, desc_depth=32),
+                  wqe_cache_sets=256, wqe_cache_ways=4, desc_depth=32, dma_tags=256,
+                  dma_write_outstanding=256),
     host=HostConfig(pcie_ns=150.0, host_mem_ns=100.0, pcie_gbps=128.0, mmio_ns=150.0),
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration=("pipeline_ns: 8-byte READ, 12 QPs x depth 1 closed loop at 5.103 Mops, i.e. a "
