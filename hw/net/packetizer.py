@@ -15,7 +15,9 @@ Two stages:
   checksum included); full header beats go out first, then a junction beat with the last
   ``H mod W`` header bytes and the first payload bytes, then the payload shifted by
   ``H mod W`` bytes (a mux over the few possible header lengths), then pad zeros.
-  One beat per cycle in the payload; one idle cycle per packet for the meta hand-off.
+  One beat per cycle; the next packet's meta is taken in the cycle of a packet's last
+  beat, so frames follow each other without an idle cycle (before 2026-12-07, one idle
+  cycle per packet: a READ request, two beats, took three cycles).
 * *ICRC*: a one-beat holding register; the CRC register is updated when a beat enters it
   (ICRC masks applied by beat position), so when the last body beat leaves, the CRC is
   final and is inserted after its last byte (spilling into one extra beat if needed).
@@ -284,7 +286,7 @@ class Packetizer(wiring.Component):
             body.p.last.eq(is_last),
         ]
 
-        with m.If(~busy):
+        def take_meta():
             m.d.comb += self.i.meta.ready.eq(1)
             with m.If(self.i.meta.valid):
                 p = self.i.meta.p
@@ -292,6 +294,9 @@ class Packetizer(wiring.Component):
                     meta.eq(p), b.eq(0), sent.eq(0), busy.eq(1),
                     beats_left.eq((p.paylen + (w - 1)) >> lw),
                 ]
+
+        with m.If(~busy):
+            take_meta()
         with m.Elif(b < hfull):
             m.d.comb += [body.valid.eq(1), body.p.data.eq(hdr_beat)]
             with m.If(body.ready):
@@ -308,5 +313,8 @@ class Packetizer(wiring.Component):
                 with m.If(consume):
                     m.d.sync += beats_left.eq(beats_left - 1)
                 with m.If(is_last):
+                    # the next packet's meta is taken with this packet's last beat, so
+                    # that packets follow each other without an idle cycle
                     m.d.sync += busy.eq(0)
+                    take_meta()
         return m
