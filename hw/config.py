@@ -77,6 +77,9 @@ class NicConfig:
     cq_lookups      the completion engine's CQ-context lookup ports (1 .. 4), used in turn:
                     that many CQ lookups in flight at once (hw/rnic/completion.py), so a CQE
                     does not wait for its context's lookup latency after the one before.
+    rsp_lookahead   request packets the responder looks up ahead (1 .. 4): their QP-context and
+                    rkey lookups in flight while it executes the packet before them, on as
+                    many lookup port pairs (hw/rnic/request_lookup.py).
     atomic_inflight the responder's atomic unit: operations in flight at once (1 .. 16),
                     serialised per 8-byte address (hw/rnic/atomic.py); 1 executes one atomic at a
                     time for the whole NIC.
@@ -136,6 +139,7 @@ class NicConfig:
     rq_prefetch: int = 4
     doorbell_fifo_depth: int = 16
     cq_lookups: int = 2
+    rsp_lookahead: int = 2
     mr_cache_sets: int = 2
     mr_cache_ways: int = 2
     mr_cache_policy: str = "lru"
@@ -186,6 +190,7 @@ class NicConfig:
                              f"not {self.replay_slots!r}")
         _check_pow2("doorbell_fifo_depth", self.doorbell_fifo_depth, 2, 256)
         _check_range("cq_lookups", self.cq_lookups, 1, 4)
+        _check_range("rsp_lookahead", self.rsp_lookahead, 1, 4)
         self._check_cache("mr_cache", self.n_mrs)
         self._check_cache("cq_cache", self.n_cqs)
         self._check_cache("qp_cache", self.n_qps)

@@ -236,6 +236,16 @@ class Counter(enum.IntEnum):
     WAIT_SEND_WQE = 99        # for the next WQE of the batch being sent (its fetch)
     WAIT_SEND_MR = 100        # for the MR entry of the WQE's lkey (the MR cache)
     WAIT_SEND_TX = 101        # to hand a request header on (the packet emitter is full)
+    # back-pressure on the frame path: cycles a beat was offered and not taken, at the
+    # requester's and the responder's transmit ports (the arbiter in front of the
+    # packetizer), the node's link ports, and the receive demultiplexer's two outputs
+    STALL_REQ_TX = 102
+    STALL_RSP_TX = 103
+    STALL_TX = 104
+    STALL_RX = 105
+    STALL_REQ_RX = 106
+    STALL_RSP_RX = 107
+    WAIT_SEND_PAY = 108       # send engines: to have a payload read taken (buffer room, DMA port)
 
 
 def register_map(n_doorbells):

@@ -32,6 +32,7 @@ def test_presets_exist():
     ({"replay_slots": 32}, r"replay_slots must be 16 \(the responder's replay pointer is 4 bits\), not 32"),
     ({"doorbell_fifo_depth": 3}, r"doorbell_fifo_depth must be a power of two in \[2, 256\], not 3"),
     ({"cq_lookups": 5}, r"cq_lookups must be an integer in \[1, 4\], not 5"),
+    ({"rsp_lookahead": 0}, r"rsp_lookahead must be an integer in \[1, 4\], not 0"),
     ({"atomic_inflight": 0}, r"atomic_inflight must be an integer in \[1, 16\], not 0"),
     ({"atomic_inflight": 17}, r"atomic_inflight must be an integer in \[1, 16\], not 17"),
     ({"rq_prefetch": 0}, r"rq_prefetch must be an integer in \[1, 16\], not 0"),

@@ -54,7 +54,7 @@ class ContextCache(wiring.Component):
     def __init__(self, cfg, *, layout, n_entries, entry_bytes, prefix, n_lookups):
         if not isinstance(cfg, NicConfig):
             raise TypeError(f"cfg must be a NicConfig, not {cfg!r}")
-        check_int("n_lookups", n_lookups, 1, 17)
+        check_int("n_lookups", n_lookups, 1, 20)
         if layout.size > 8 * entry_bytes:
             raise ValueError(f"entry_bytes must hold the {layout.size}-bit context, "
                              f"not {entry_bytes!r}")

@@ -13,8 +13,9 @@ share it through one round-robin arbiter (``n = n_pus``, the requester's process
 with one unit ``lk[0]`` and ``lk[1]``):
 
 * ``lk[0 .. n-1]`` the requester's units (the lkey of every send WQE with a local buffer),
-* ``lk[n]`` the responder (the rkey of a WRITE / READ / atomic request, the lkey of a
-  receive WQE),
+* ``lk[n]`` the responder's state machine (the lkey of a receive WQE),
+* ``lk[n + 1 ..]`` the responder's request lookahead (the rkey of a WRITE / READ / atomic
+  request; ``rsp_lookahead`` ports used in turn, hw/rnic/request_lookup.py),
 * ``wr`` the command interface (``SET_MR``): a WRITE of the whole entry, which allocates the
   line dirty; the host copy is written when the line is evicted (write-back).
 
@@ -25,7 +26,7 @@ treats the key as invalid. A miss costs one 32-byte DMA read over the host inter
 request to response (docs/caches.md).
 
 Ports: ``base: In(64)`` (the ICM base of the table), ``lk: In(CtxLookup(slot_bits,
-MR_ENTRY)).array(n_pus + 1)``, ``wr: In(stream of {slot, entry})``, ``dma_rd: Out(DmaReadPort)``,
+MR_ENTRY)).array(n_pus + 1 + rsp_lookahead)``, ``wr: In(stream of {slot, entry})``, ``dma_rd: Out(DmaReadPort)``,
 ``dma_wr: Out(DmaWritePort)``, and one-cycle counter increments ``stat_hit``,
 ``stat_miss``, ``stat_evict``, ``stat_writeback``.
 """
@@ -42,4 +43,4 @@ class MrCache(ContextCache):
     def __init__(self, cfg: NicConfig):
         super().__init__(cfg, layout=MR_ENTRY, n_entries=getattr(cfg, "n_mrs", 2),
                          entry_bytes=MR_ICM_ENTRY_BYTES, prefix="mr_cache",
-                         n_lookups=getattr(cfg, "n_pus", 1) + 1)
+                         n_lookups=cfg.n_pus + 1 + cfg.rsp_lookahead)

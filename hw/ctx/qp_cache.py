@@ -16,11 +16,12 @@ engines keep their per-QP dynamic state (indices, PSNs, retry state) in their ow
 A :class:`~hw.ctx.ctx_cache.ContextCache` (a :class:`~hw.lib.cache.SetAssocCache`; sets,
 ways, policy and MSHRs from :class:`~hw.config.NicConfig`: ``qp_cache_*``). Its clients
 share it through one round-robin arbiter (``n = n_pus``, the requester's processing units,
-hw/rnic/requester_units.py; with one unit: ``lk[0]``, ``lk[1]``, ``lk[2]``):
+hw/rnic/requester_units.py; with one unit: ``lk[0]``, ``lk[1]``, ``lk[2 ..]``):
 
 * ``lk[0 .. n-1]`` the send engine of each unit (a flush: the send queue and the send CQ),
 * ``lk[n .. 2n-1]`` the WQE-fetch issue of each unit (every batch of send WQEs it fetches),
-* ``lk[2n]`` the responder (every request packet),
+* ``lk[2n ..]`` the responder's request lookahead (every request packet; ``rsp_lookahead``
+  ports used in turn, hw/rnic/request_lookup.py),
 * ``wr`` the command interface (``SET_QP``): a WRITE of the whole context, which
   allocates the line dirty; the host copy is written when the line is evicted.
 
@@ -42,4 +43,4 @@ class QpCache(ContextCache):
     def __init__(self, cfg: NicConfig):
         super().__init__(cfg, layout=QP_CTX, n_entries=cfg.n_qps,
                          entry_bytes=QP_ICM_ENTRY_BYTES, prefix="qp_cache",
-                         n_lookups=2 * getattr(cfg, "n_pus", 1) + 1)
+                         n_lookups=2 * cfg.n_pus + cfg.rsp_lookahead)

@@ -66,6 +66,12 @@ from .responder import Responder
 __all__ = ["Rnic"]
 
 
+def _stalled(port):
+    """A packet port (``PacketOut``) offers its meta or a payload beat that is not taken."""
+    return ((port.meta.valid & ~port.meta.ready)
+            | (port.payload.valid & ~port.payload.ready))
+
+
 class Rnic(wiring.Component):
     """One RNIC node.
 
@@ -161,7 +167,9 @@ class Rnic(wiring.Component):
             wiring.connect(m, req.qpc_tx[k], qp_cache.lk[k])
             wiring.connect(m, req.qpc_fetch[k], qp_cache.lk[npu + k])
             wiring.connect(m, req.mr[k], mr_cache.lk[k])
-        wiring.connect(m, resp.qpc, qp_cache.lk[2 * npu])
+        for k in range(cfg.rsp_lookahead):
+            wiring.connect(m, resp.qpc[k], qp_cache.lk[2 * npu + k])
+            wiring.connect(m, resp.rkey[k], mr_cache.lk[npu + 1 + k])
         wiring.connect(m, context.qp_wr, qp_cache.wr)
         m.d.comb += qp_cache.base.eq(context.icm_qp_base)
         wiring.connect(m, resp.qp, context.qp_resp)
@@ -309,6 +317,7 @@ class Rnic(wiring.Component):
             Counter.WAIT_SEND_WQE: req.stat_wait_wqe,
             Counter.WAIT_SEND_MR: req.stat_wait_mr,
             Counter.WAIT_SEND_TX: req.stat_wait_tx,
+            Counter.WAIT_SEND_PAY: req.stat_wait_pay,
             Counter.BUSY_RSP: resp.stat_busy,
             Counter.BUSY_CQE: comp.stat_busy,
             Counter.BUSY_QP_CACHE: qp_cache.stat_busy,
@@ -316,6 +325,12 @@ class Rnic(wiring.Component):
             Counter.BUSY_CQ_CACHE: cq_cache.stat_busy,
             Counter.TX_BEATS: tx_fire,
             Counter.RX_BEATS: rx_fire,
+            Counter.STALL_REQ_TX: _stalled(req.tx),
+            Counter.STALL_RSP_TX: _stalled(resp.tx),
+            Counter.STALL_TX: self.tx.valid & ~self.tx.ready,
+            Counter.STALL_RX: self.rx.valid & ~self.rx.ready,
+            Counter.STALL_REQ_RX: _stalled(demux.req),
+            Counter.STALL_RSP_RX: _stalled(demux.resp),
         }
         # per DMA client, and their totals: requests asked for and bytes
         rd_req = [p.req.valid & p.req.ready for p in rd_clients]

@@ -39,10 +39,10 @@ def req_state_fields(cfg):
         # READ/atomic requests outstanding and the fence flag: the send engine (commit,
         # reset) wins over the response engine (completion), merged when both work on one
         # QP in the same cycle
-        "rd_out": (5, ("rx", "tx"), 4, 0),
+        "rd_out": (5, ("rx", "tx"), 5, 0),
         "fence_wait": (1, ("rx", "tx"), 4, 0),
         # READ/atomic limit and send CQ, captured when a message enters the tracker
-        "qlim": (5, ("tx",), 3, 16),
+        "qlim": (5, ("tx",), 4, 16),
         "qcq": (QP_CTX["send_cq"].shape, ("tx",), 1, 0),
         "rts": (1, ("tx",), 7, 0),
         "err": (1, ("tx", "rx"), 9, 0),

@@ -221,12 +221,13 @@ STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
 #: STATS, BlueFlame copies dropped, the WQE cache's hits, misses (a re-read) and evictions,
 #: and the WRs ended by a host-interface error (a WQE, a payload read, a write, a WQE read
 #: again), and the occupancy of the send and response engines (high while not idle), and
-#: where the send engine waits (a WQE, an MR entry, room for a request header)
+#: where the send engine waits (a WQE, an MR entry, room for a request header, its payload
+#: read taken)
 COUNTS = ([(s, 1) for s in STATS]
           + [("stat_bf_miss", None), ("stat_wqe_hit", 1), ("stat_wqe_miss", 1),
              ("stat_wqe_evict", 1), ("stat_dma_err", 4), ("stat_busy_send", 1),
              ("stat_busy_resp", 1), ("stat_wait_wqe", 1), ("stat_wait_mr", 1),
-             ("stat_wait_tx", 1)])
+             ("stat_wait_tx", 1), ("stat_wait_pay", 1)])
 
 
 def requester_ports(cfg, qpn_bits, mr_bits, units=None):
@@ -488,18 +489,25 @@ class Requester(wiring.Component):
         m.d.comb += sq_mask.eq((Const(1, 33) << fctx.sq_log_size) - 1)
         f_addr = Signal(64)
         m.d.comb += f_addr.eq(fctx.sq_base + ((fi[fsel] & sq_mask) << 6))
-        # batch: what is posted, up to the end of the ring, the tracker room and WQE_BATCH
+        # batch: what is posted, up to the end of the ring, the tracker room, WQE_BATCH and,
+        # for a QP with READs or atomics outstanding, its READ/atomic budget left (at least
+        # one): the send engine drops the WQEs of a batch it may not send (the budget is
+        # spent), so a QP that a completion wakes with one READ of budget left would read
+        # wqe_batch WQEs by DMA to send one of them
         n_posted = Signal(16)
         n_to_end = Signal(33)
         n_room = Signal(mo_bits + 1)
+        n_rd = Signal(5)
         n_batch = Signal(range(K + 1))
+        f_rd_out, f_qlim = rd_out[fsel], qlim[fsel]
         m.d.comb += [
             n_posted.eq(pi[fsel] - fi[fsel]),
             n_to_end.eq(sq_mask + 1 - (fi[fsel] & sq_mask)),
             n_room.eq(MO - count(fsel)),
+            n_rd.eq(Mux(f_rd_out == 0, K, Mux(f_rd_out >= f_qlim, 1, f_qlim - f_rd_out))),
         ]
         prev = Const(K, range(K + 1))
-        for i, lim in enumerate((n_posted, n_to_end, n_room)):
+        for i, lim in enumerate((n_posted, n_to_end, n_room, n_rd)):
             nxt = Signal(range(K + 1), name=f"n_batch{i}")
             m.d.comb += nxt.eq(Mux(lim < prev, lim, prev))
             prev = nxt
@@ -690,7 +698,7 @@ class Requester(wiring.Component):
         for r in mems:
             m.d.comb += r.read_addrs()
         m.d.comb += [self.stat_wait_wqe.eq(se.wait_wqe), self.stat_wait_mr.eq(se.wait_mr),
-                     self.stat_wait_tx.eq(se.wait_tx)]
+                     self.stat_wait_tx.eq(se.wait_tx), self.stat_wait_pay.eq(se.wait_pay)]
         m.d.comb += [self.stat_busy_send.eq(se.active),
                      self.stat_busy_resp.eq(resp.active),
                      self.stat_retry_exc.eq(se.stat_retry_exc | resp.stat_retry_exc)]

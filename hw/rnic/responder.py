@@ -14,18 +14,21 @@ Models the RC responder of the InfiniBand Architecture Specification vol. 1 rele
   to ERR (through ``set_err``).
 
 The responder takes **one request packet at a time** (a sequential FSM): the packet's
-meta is latched, the QP context (``qp`` lookup) and the per-QP responder state (a
-``lib.memory.Memory`` row: expected PSN, MSN, receive-queue consumer index and the state of
-the message in progress) are read, the packet is checked, then executed (payload streamed
-to ``wr``; the receive WQE taken from the receive-WQE prefetcher), then the CQE, the
-QP-error request and the ACK/NAK are issued in that order and the state row is written back.
-Three things keep the cycles per packet few: the next packet's QP-context and MR lookups
-are asked for while the packet before it is finished (its answers wait in the caches'
-answer registers, so its LOAD takes one cycle instead of the lookup's latency); the
-write-back is done in the cycle of the last finishing stage that has other work (FIN_WB
-only when a QP event takes the state's write port that cycle); and a READ that passes its
-checks queues its descriptor and writes its state back in CHECK. A READ then takes four
-cycles of the FSM (IDLE, LOAD, CHECK and a cycle waiting for the lookup's answer).
+meta is latched with its QP context and its rkey's MR entry, looked up ahead by
+:class:`~hw.rnic.request_lookup.RequestLookup` (``cfg.rsp_lookahead`` packets ahead, each on
+its own pair of lookup ports, so the lookups of the packets behind the one being executed
+overlap it); the per-QP responder state (a ``lib.memory.Memory`` row: expected PSN, MSN,
+receive-queue consumer index and the state of the message in progress) is read as the packet
+is taken; the packet is checked, then executed (payload streamed to ``wr``; the receive WQE
+taken from the receive-WQE prefetcher), then the CQE, the QP-error request and the ACK/NAK
+are issued in that order and the state row is written back. The write-back is done in the
+cycle of the last finishing stage that has other work (FIN_WB only when a QP event takes the
+state's write port that cycle); a READ that passes its checks queues its descriptor and
+writes its state back in CHECK, and so does a one-beat WRITE (its beat written, its
+acknowledge queued): either takes two cycles of the FSM (IDLE, CHECK). The last beat of a
+longer WRITE carries its acknowledge and write-back with it. A packet whose QP is reset
+(RESET, INIT, RTR) while it waits in the lookahead is dropped as it is taken (counted in
+``stat_drop``): its context and state belong to the QP's old incarnation.
 
 Receive WQEs are read ahead per QP (:class:`~hw.ctx.rq_prefetch.RqPrefetch`, IBA 9.7 leaves
 how a responder obtains its receive WQEs to the implementation): a doorbell on a receive
@@ -201,6 +204,7 @@ from ..ctx.rq_prefetch import RqPrefetch, RQ_DMA_TAG
 from .response_queue import (ResponseQueue, RESP_ENTRY, READ_DMA_TAG, RESP_ACK,
                                    RESP_READ, RESP_ATOMIC, RESP_ATOMIC_PEND)
 from ..lib.checks import check_pow2
+from .request_lookup import RequestLookup
 from .responder_gate import ITEM_CQE, ITEM_RESP, ResponderGate
 from .request_check import MSG_NONE, MSG_SEND, MSG_WRITE, RSP_STATE, RequestCheck
 from ..regmap import QP_CTX, mkey_index  # noqa: F401  (mkey_index: the MR slot computed below is the same function)
@@ -217,6 +221,10 @@ UDP_SPORT_BASE = 0xC000
 WQE_DMA_TAG = RQ_DMA_TAG
 
 
+
+#: payload beats the request lookahead buffers per packet it looks ahead (an 8-byte WRITE is
+#: one beat; a larger payload streams through)
+RSP_LOOKAHEAD_BEATS_PER_PACKET = 4
 
 #: Atomic replay cache slots per QP (max_rd_atomic is at most 16: a retransmitted atomic is
 #: always among the last 16 atomics the QP executed).
@@ -244,7 +252,8 @@ class Responder(wiring.Component):
             "tx": Out(PacketOut(W)),
             "node_id": In(8),
             "qp": Out(Lookup(self.qpn_bits, QP_LOOKUP)),
-            "qpc": Out(CtxLookup(self.qpn_bits, QP_CTX)),
+            "qpc": Out(CtxLookup(self.qpn_bits, QP_CTX)).array(cfg.rsp_lookahead),
+            "rkey": Out(CtxLookup(max(1, self.mr_bits), MR_ENTRY)).array(cfg.rsp_lookahead),
             "mr": Out(CtxLookup(max(1, self.mr_bits), MR_ENTRY)),
             "qp_event": In(QpEvent()),
             "rq_db": In(DoorbellEvent()),
@@ -370,22 +379,33 @@ class Responder(wiring.Component):
         qstate = self.qp.data.state
         state_ok = (qstate == QpState.RTR) | (qstate == QpState.RTS)
 
+        # ---- the request packets, with their QP context and rkey entry looked up ahead
+        # (hw/rnic/request_lookup.py)
+        m.submodules.lookahead = la = RequestLookup(
+            W, qb, max(1, self.mr_bits), n=cfg.rsp_lookahead,
+            payload_beats=RSP_LOOKAHEAD_BEATS_PER_PACKET * cfg.rsp_lookahead)
+        wiring.connect(m, wiring.flipped(self.rx), la.i)
+        for k in range(cfg.rsp_lookahead):
+            wiring.connect(m, la.qpc[k], wiring.flipped(self.qpc[k]))
+            wiring.connect(m, la.mr[k], wiring.flipped(self.rkey[k]))
+        rx_meta = la.o.meta
+        rx_pay = la.o.payload
+        inm = rx_meta.payload.pkt
+
         m.d.comb += [
             self.qp.index.eq(qpn),
-            st_rd.addr.eq(self.rx.meta.payload.dest_qpn[:qb]),
+            st_rd.addr.eq(inm.dest_qpn[:qb]),
             # the QP's receive state and producer index as the packet is taken (a receive
             # doorbell or a QP event that comes after the packet is not seen by it, however
             # long its context lookup takes; an event resetting the QP meanwhile kills it)
-            pi_rd.addr.eq(self.rx.meta.payload.dest_qpn[:qb]),
+            pi_rd.addr.eq(inm.dest_qpn[:qb]),
             rc_rd.addr.eq(Cat(rscan, qpn)),
         ]
         # ---- the packet's checks (hw/rnic/request_check.py)
         # the key's MR entry, looked up (request / response) before CHECK and WQE_CHECK
         mr_key = Signal(32)
         e = Signal(MR_ENTRY)
-        mr_req_key = Signal(32)        # the key asked for: mr_key, or the next packet's rkey
-        m.d.comb += [mr_key.eq(pk.rkey), mr_req_key.eq(mr_key),
-                     self.mr.req.payload.index.eq(mr_req_key[8:8 + self.mr_bits])]
+        m.d.comb += [mr_key.eq(pk.rkey), self.mr.req.payload.index.eq(mr_key[8:8 + self.mr_bits])]
         m.submodules.check = chk = RequestCheck(mtu)
         m.d.comb += [chk.pk.eq(pk), chk.state.eq(s), chk.ctx.eq(ctx), chk.mr.eq(e),
                      chk.key.eq(mr_key), chk.wqe.eq(wqe), chk.pi.eq(pi_r)]
@@ -478,10 +498,7 @@ class Responder(wiring.Component):
         ev_reset = ev_ok & (ev.state != QpState.RTS) & (ev.state != QpState.ERR)
         kill_now = ev_reset & (ev.qpn[:qb] == qpn)
 
-        q_asked = Signal()       # IDLE: the QP-context request was taken
-        m_asked = Signal()       # IDLE: the MR request was taken
-        q_have = Signal()        # LOAD: the QP context is here
-        m_have = Signal()        # LOAD: the MR entry is here (or none was asked for)
+        m.d.comb += [la.kill.eq(ev_reset), la.kill_qpn.eq(ev.qpn[:qb]), atomic.owner.eq(qpn)]
 
         def mr_lookup(name, then, key=None, skip=None):
             """States ``<name>_REQ`` / ``<name>_RESP``: look ``key`` (default the packet's
@@ -502,6 +519,24 @@ class Responder(wiring.Component):
                 with m.If(self.mr.resp.valid):
                     m.d.sync += e.eq(Mux(self.mr.resp.payload.err, 0, self.mr.resp.payload.data))
                     m.next = then
+
+        def write_beat(addr):
+            """Offer the next payload beat to the DMA write port (to ``addr``, the message's
+            destination); true in the cycle it is taken. A payload is written only once every
+            atomic of this QP taken before has been answered by the host (a WRITE / SEND
+            after an atomic must not overtake it: IBA 9.5, ordering within a QP); other QPs'
+            atomics do not hold it."""
+            m.d.comb += [
+                wr.valid.eq(rx_pay.valid & ~atomic.owner_busy),
+                rx_pay.ready.eq(wr.ready & ~atomic.owner_busy),
+                wr.payload.addr.eq(addr),
+                wr.payload.len.eq(pk.paylen),
+                wr.payload.tag.eq(qpn),
+                wr.payload.data.eq(rx_pay.payload.data),
+                wr.payload.nbytes.eq(rx_pay.payload.nbytes),
+                wr.payload.last.eq(rx_pay.payload.last),
+            ]
+            return wr.valid & wr.ready
 
         # finishing sequence: discard, CQE, QP error, ACK/NAK, write-back
         fin_stages = [("FIN_CQE", f_cqe), ("FIN_ERR", f_err), ("FIN_ACK", f_ack), ("FIN_WB", f_wb)]
@@ -539,62 +574,31 @@ class Responder(wiring.Component):
             with m.Else():
                 fin_next(0)
 
-        # The next packet's lookups (the head of rx.meta): asked for in IDLE, and already
-        # while the packet before it is finished (pre_ok, below), each once; the packet is
-        # taken in IDLE once both requests have been taken, and LOAD waits for the answers.
-        inm = self.rx.meta.payload
-        in_mr = Signal()
-        m.d.comb += in_mr.eq(Cat(*[inm.opcode == o.value for o in (
-            Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM, Op.READ_REQUEST,
-            Op.COMPARE_SWAP, Op.FETCH_ADD)]).any())
-        pre_kill = Signal()      # the asked-for packet's QP was reset before it was taken
-
-        def ask_next():
-            m.d.comb += [
-                self.qpc.req.valid.eq(self.rx.meta.valid & ~q_asked),
-                self.qpc.req.payload.index.eq(inm.dest_qpn[:qb]),
-                self.mr.req.valid.eq(self.rx.meta.valid & in_mr & ~m_asked),
-                mr_req_key.eq(inm.rkey),
-            ]
-
         with m.FSM(name="rsp") as fsm:
             with m.State("IDLE"):
-                # the QP context and, for a request that names an rkey, its MR entry are
-                # asked for at once (the rkey is in the packet): both requests are offered
-                # while the packet waits, each until taken; the packet is taken with the last
-                ask_next()
-                q_ok = q_asked | self.qpc.req.ready
-                m_ok = ~in_mr | m_asked | self.mr.req.ready
-                m.d.comb += self.rx.meta.ready.eq(q_ok & m_ok)
-                with m.If(self.rx.meta.valid & q_ok & m_ok):
+                # the next packet, with its QP context and rkey entry (looked up ahead); the
+                # QP's state row and receive producer index are read as it is taken (a
+                # receive doorbell or a QP event that comes after it is not seen by it)
+                m.d.comb += rx_meta.ready.eq(1)
+                with m.If(rx_meta.valid):
                     m.d.sync += [
                         pk.eq(inm),
-                        # an event resetting the QP in this very cycle: the state read now
-                        # is the old one, so the packet counts as arrived before the event
-                        killed.eq(pre_kill | (ev_reset & (ev.qpn[:qb] == inm.dest_qpn[:qb]))),
-                        pre_kill.eq(0),
+                        killed.eq(0),
                         pay_pending.eq(inm.paylen != 0),
                         f_cqe.eq(0), f_err.eq(0), f_ack.eq(0), f_wb.eq(0), c_verr.eq(0),
                         pi_r.eq(pi_rd.data), s.eq(st_rd.data),
-                        q_asked.eq(0), m_asked.eq(0), q_have.eq(0), m_have.eq(~in_mr),
+                        ctx.eq(rx_meta.payload.ctx), ctx_bad.eq(rx_meta.payload.ctx_err),
+                        # an entry that could not be read is no valid entry: the check fails
+                        e.eq(Mux(rx_meta.payload.mr_err, 0, rx_meta.payload.mr)),
                     ]
-                    m.next = "LOAD"
-                with m.Elif(self.rx.meta.valid):
-                    m.d.sync += [q_asked.eq(q_ok), m_asked.eq(m_asked | (self.mr.req.valid
-                                                                        & self.mr.req.ready))]
-
-            with m.State("LOAD"):
-                # both answers, in either order (an entry that could not be read is no
-                # valid entry: the check fails)
-                m.d.comb += [self.qpc.resp.ready.eq(~q_have), self.mr.resp.ready.eq(~m_have)]
-                with m.If(self.qpc.resp.valid & ~q_have):
-                    m.d.sync += [ctx.eq(self.qpc.resp.payload.data),
-                                 ctx_bad.eq(self.qpc.resp.payload.err), q_have.eq(1)]
-                with m.If(self.mr.resp.valid & ~m_have):
-                    m.d.sync += [e.eq(Mux(self.mr.resp.payload.err, 0,
-                                          self.mr.resp.payload.data)), m_have.eq(1)]
-                with m.If((q_have | self.qpc.resp.valid) & (m_have | self.mr.resp.valid)):
-                    m.next = "CHECK"
+                    with m.If(rx_meta.payload.killed):
+                        # its QP was reset (RESET, INIT, RTR) after the packet arrived and
+                        # before it was executed: its context and state are gone, the packet
+                        # is dropped (the requester of the new incarnation retransmits)
+                        m.d.comb += self.stat_drop.eq(1)
+                        m.next = "FIN_DISCARD"
+                    with m.Else():
+                        m.next = "CHECK"
 
             with m.State("CHECK"):
                 with m.If(~qpn_ok | ctx_bad | ~state_ok):
@@ -641,7 +645,30 @@ class Responder(wiring.Component):
                             m.d.sync += [s.ci.eq(s.ci + 1), wqe_idx.eq(s.ci)]
                             completion(WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM,
                                        Mux(is_write_first, pk.dma_len, s.count), 0, 1)
-                        with m.If(pk.paylen != 0):
+                        # a one-beat WRITE without immediate is written, acknowledged and
+                        # its state written back here, if the write port, the payload and
+                        # the gate allow (else the states below finish it)
+                        w_s = Signal(RSP_STATE)
+                        m.d.comb += [w_s.eq(s), w_s.epsn.eq(s.epsn + 1),
+                                     w_s.msn.eq(s.msn + is_last), w_s.nak_sent.eq(0),
+                                     w_s.va.eq(w_va + pk.paylen), w_s.rem.eq(w_rem - pk.paylen),
+                                     w_s.inprog.eq(Mux(is_last, MSG_NONE, MSG_WRITE)),
+                                     w_s.count.eq(Mux(is_write_first, pk.dma_len, s.count))]
+                        one_beat = (pk.paylen != 0) & (pk.paylen <= W) & ~is_wimm
+                        with m.If(one_beat):
+                            with m.If(write_beat(w_va)):
+                                m.d.sync += pay_pending.eq(0)
+                                with m.If(~pk.ackreq):
+                                    write_back(w_s)
+                                with m.Else():
+                                    with m.If(push(RESP_ACK, pk.psn, Syn.ACK.value,
+                                                   s.msn + is_last)):
+                                        write_back(w_s)
+                                    with m.Else():
+                                        m.next = "FIN_ACK"
+                            with m.Else():
+                                m.next = "WDATA"
+                        with m.Elif(pk.paylen != 0):
                             m.next = "WDATA"
                         with m.Elif(is_wimm):
                             m.next = "WQE_REQ"
@@ -781,24 +808,17 @@ class Responder(wiring.Component):
 
             # ---- payload to memory ----------------------------------------------------
             with m.State("WDATA"):
-                # payload written only once every atomic of this QP taken before has been
-                # answered by the host (a WRITE / SEND after an atomic must not overtake it:
-                # IBA 9.5, ordering within a QP); other QPs' atomics do not hold it
-                m.d.comb += [
-                    atomic.owner.eq(qpn),
-                    wr.valid.eq(self.rx.payload.valid & ~atomic.owner_busy),
-                    self.rx.payload.ready.eq(wr.ready & ~atomic.owner_busy),
-                    wr.payload.addr.eq(wr_addr),
-                    wr.payload.len.eq(pk.paylen),
-                    wr.payload.tag.eq(qpn),
-                    wr.payload.data.eq(self.rx.payload.payload.data),
-                    wr.payload.nbytes.eq(self.rx.payload.payload.nbytes),
-                    wr.payload.last.eq(self.rx.payload.payload.last),
-                ]
-                with m.If(wr.valid & wr.ready & self.rx.payload.payload.last):
+                with m.If(write_beat(wr_addr) & rx_pay.payload.last):
                     m.d.sync += pay_pending.eq(0)
                     with m.If(is_wimm):
                         m.next = "WQE_REQ"
+                    with m.Elif(f_ack & ~f_cqe & ~f_err):
+                        # the acknowledge with the last beat (the gate counts a write issued
+                        # in the same cycle as issued before it), and the write-back
+                        with m.If(push(RESP_ACK, ack_psn, ack_syn, ack_msn)):
+                            write_back(s)
+                        with m.Else():
+                            m.next = "FIN_ACK"
                     with m.Else():
                         fin_next(0)         # the payload is consumed: nothing to discard
 
@@ -873,8 +893,8 @@ class Responder(wiring.Component):
             # ---- finishing sequence: discard, CQE, QP error, ACK/NAK, write-back ------
             with m.State("FIN_DISCARD"):
                 with m.If(pay_pending):
-                    m.d.comb += self.rx.payload.ready.eq(1)
-                    with m.If(self.rx.payload.valid & self.rx.payload.payload.last):
+                    m.d.comb += rx_pay.ready.eq(1)
+                    with m.If(rx_pay.valid & rx_pay.payload.last):
                         m.d.sync += pay_pending.eq(0)
                 with m.Else():
                     fin_next(0)
@@ -923,25 +943,6 @@ class Responder(wiring.Component):
 
         with m.If(kill_now & ~fsm.ongoing("IDLE")):
             m.d.sync += killed.eq(1)
-
-        # The next packet's lookups are asked for while this one is finished: in every state
-        # after this packet's own lookups (LOAD) except where it may still need the MR port
-        # (a SEND's receive WQE and its lkey: CHECK of a first SEND, WQE_*), so that its
-        # answers wait in the caches' answer registers and its LOAD takes one cycle. An
-        # event resetting that QP before the packet is taken kills it (pre_kill), as one
-        # during its LOAD does.
-        pre_ok = ~(fsm.ongoing("IDLE") | fsm.ongoing("LOAD") | fsm.ongoing("WQE_REQ")
-                   | fsm.ongoing("WQE_DATA") | fsm.ongoing("WQE_MR_REQ")
-                   | fsm.ongoing("WQE_MR_RESP") | (fsm.ongoing("CHECK") & is_send_first))
-        with m.If(pre_ok):
-            ask_next()
-            with m.If(self.qpc.req.valid & self.qpc.req.ready):
-                m.d.sync += q_asked.eq(1)
-            with m.If(self.mr.req.valid & self.mr.req.ready):
-                m.d.sync += m_asked.eq(1)
-        with m.If(~fsm.ongoing("IDLE") & q_asked & ev_reset
-                  & (ev.qpn[:qb] == inm.dest_qpn[:qb])):
-            m.d.sync += pre_kill.eq(1)
 
         # ---- QP events (always ready, priority on the state write port) -------------
         m.d.comb += self.qp_event.ready.eq(1)

@@ -153,7 +153,7 @@ class SendEngine(wiring.Component):
             "forget": Out(1),
             "forget_key": Out(qpn_bits),
             "active": Out(1),
-            "wait_wqe": Out(1), "wait_mr": Out(1), "wait_tx": Out(1),
+            "wait_wqe": Out(1), "wait_mr": Out(1), "wait_tx": Out(1), "wait_pay": Out(1),
             **{name: Out(1) for name in STATS},
         }
         for f in TX_FIELDS:
@@ -648,5 +648,8 @@ class SendEngine(wiring.Component):
         m.d.comb += [self.active.eq(~send_fsm.ongoing("IDLE")),
                      self.wait_wqe.eq(send_fsm.ongoing("FETCH_WAIT") & ~self.wqe_in.valid),
                      self.wait_mr.eq(send_fsm.ongoing("MR_RESP") & ~self.mr.resp.valid),
-                     self.wait_tx.eq(send_fsm.ongoing("SEND_META") & ~meta_done & ~desc.ready)]
+                     self.wait_tx.eq(send_fsm.ongoing("SEND_META") & ~meta_done & ~desc.ready),
+                     # the payload's read request not yet taken (no room, or the DMA port)
+                     self.wait_pay.eq(send_fsm.ongoing("SEND_META") & ~req_done & (paylen != 0)
+                                      & ~(self.pay_req.valid & self.pay_req.ready))]
         return m

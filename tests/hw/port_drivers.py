@@ -116,6 +116,11 @@ class Resettable(wiring.Component):
         return m
 
 
+def _int(v):
+    """A sampled field as an integer (a struct or array field: its bits)."""
+    return int(v.as_bits()) if hasattr(v, "as_bits") else int(v)
+
+
 def run_lockstep(dut, sources, sinks, *, p_valid, p_ready, seed, max_cycles, done):
     """Drive ``sources`` [(stream, [payload dict])] and sample ``sinks`` [(stream, fields)]
     cycle by cycle with random valid/ready. A source keeps an offered payload until taken.
@@ -153,7 +158,7 @@ def run_lockstep(dut, sources, sinks, *, p_valid, p_ready, seed, max_cycles, don
             base = 2 * len(sources)
             for j, (s, fields) in enumerate(sinks):
                 valid, ready, p = v[base + 3 * j: base + 3 * j + 3]
-                rec = {f: int(getattr(p, f)) for f in fields}
+                rec = {f: _int(getattr(p, f)) for f in fields}
                 if valid and last_offer[j] is not None:
                     # a presented payload must not change until it is taken
                     stable.append(rec == last_offer[j])

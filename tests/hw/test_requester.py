@@ -972,6 +972,12 @@ def test_max_rd_atomic_limit():
     run(world, script)
     check_success(world, 0, ws)
     assert world.max_reads_inflight[0] == 2
+    # the first batch is whole (nothing outstanding yet); after it, a QP with READs in
+    # flight reads no more WQEs than its READ/atomic budget left (it may send no more), so
+    # no WQE is read only to be dropped
+    lens = [ln // formats.WQE_BYTES for _, ln in world.wqe_reads]
+    assert lens[0] == min(len(ws), CFG.wqe_batch) and all(n <= 2 for n in lens[1:]), lens
+    assert sum(lens) <= len(ws) + lens[0] - 2, lens
 
 
 def test_tracker_limit_and_ring_wrap():

@@ -262,7 +262,7 @@ class Model:
             if state not in (QpState.RTS, QpState.ERR):
                 self.st[q] = self._fresh(rq_psn)
         elif kind == "db":
-            _, q, pi_, writes = it
+            _, q, pi_, writes = it[:4]
             for a, raw in writes:
                 self.mem[a:a + len(raw)] = raw
             self.pi[q] = pi_
@@ -401,7 +401,7 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
     qps = copy.deepcopy(qps)
     mr_ints = [lint(MR_ENTRY, e) for e in mrs]
     out = dict(tx=[], cqes=[], errs=[], naks=0, drops=0, dups=0, seq_drops=0, replays=0, coalesced=0, mem=mem, cycles=0, rx_done=None,
-               rd_stall=0, resp_full=0, read_bytes_in_hold=0, first_tx=None,
+               rd_stall=0, resp_full=0, busy=0, read_bytes_in_hold=0, first_tx=None,
                writes=[])
 
     def p(x):
@@ -417,26 +417,29 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
         wr = {k: None for k in range(2)}    # per write port: the write being received
         dones = {k: [] for k in range(2)}   # per write port: [ready_cycle, tag, err]
         tx_open = None         # [meta, expected paylen, bytes]
-        mr_q = None            # the MR lookup in flight: [ready_cycle, index]
-        qpc_q = None           # the QP-context lookup in flight: [ready_cycle, index]
+        # the lookup ports (request / response, one request in flight each): the request
+        # lookahead's QP-context and rkey ports, the state machine's MR port (receive WQEs)
+        lk_ports = ([("qpc", pt) for pt in dut.qpc] + [("mr", pt) for pt in dut.rkey]
+                    + [("mr", dut.mr)])
+        lk_q = [None] * len(lk_ports)   # per port, the lookup in flight: [ready_cycle, index]
         cyc = quiet = 0
         ctx.set(dut.node_id, NODE)
         while True:
             # combinational lookups (the indices depend on registers only)
             ctx.set(dut.qp.data.as_value(), qp_int(qps[ctx.get(dut.qp.index)]))
-            # the QP-context stand-in: request / response, random latency and back-pressure
-            ctx.set(dut.qpc.req.ready, qpc_q is None and p(0.7))
-            qpc_v = qpc_q is not None and qpc_q[0] <= cyc
-            ctx.set(dut.qpc.resp.valid, qpc_v)
-            if qpc_v:
-                ctx.set(dut.qpc.resp.payload.data.as_value(), lint(QP_CTX, qps[qpc_q[1]]["ctx"]))
-            # the MR cache stand-in: request / response, random latency and back-pressure
-            ctx.set(dut.mr.req.ready, mr_q is None and p(0.7))
-            mr_v = mr_q is not None and mr_q[0] <= cyc
-            ctx.set(dut.mr.resp.valid, mr_v)
-            if mr_v:
-                ctx.set(dut.mr.resp.payload.data.as_value(), mr_ints[mr_q[1]])
-                ctx.set(dut.mr.resp.payload.err, int(mr_q[1] in mr_fail))
+            # the QP-context and MR cache stand-ins: request / response, random latency and
+            # back-pressure
+            lk_v = []
+            for (kind, pt), q in zip(lk_ports, lk_q):
+                ctx.set(pt.req.ready, q is None and p(0.7))
+                v = q is not None and q[0] <= cyc
+                lk_v.append(v)
+                ctx.set(pt.resp.valid, v)
+                if v and kind == "qpc":
+                    ctx.set(pt.resp.payload.data.as_value(), lint(QP_CTX, qps[q[1]]["ctx"]))
+                elif v:
+                    ctx.set(pt.resp.payload.data.as_value(), mr_ints[q[1]])
+                    ctx.set(pt.resp.payload.err, int(q[1] in mr_fail))
             # sources
             head = todo[0] if todo else None
             meta_v = ev_v = db_v = False
@@ -452,11 +455,16 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
             elif head is not None and head[0] == "event":
                 # a modify-QP is issued once the packets before it are fully processed (the
                 # model is sequential; an event overtaking an in-flight packet is a race)
-                ev_v = (quiet >= 12 or len(head) > 5) and p(0.7)
+                # (a race: as soon as the state machine has taken the packet, so that the
+                # event meets it executing rather than waiting in the request lookahead,
+                # where the packet would be dropped)
+                ev_v = (quiet >= 12 or (len(head) > 5 and ctx.get(dut.stat_busy))) and p(0.7)
                 ctx.set(dut.qp_event.payload, {"qpn": head[1], "state": head[2], "sq_psn": head[3],
                                                "rq_psn": head[4]})
             elif head is not None and head[0] == "db":
-                db_v = p(0.7)
+                # ("db", ..., "settle"): posted once the packets before it are done (a
+                # driver that reuses a ring slot waits for the completion of its last WQE)
+                db_v = (len(head) < 5 or quiet >= 12) and p(0.7)
                 ctx.set(dut.rq_db.payload, {"qpn": head[1], "pi": head[2]})
             ctx.set(dut.rx.meta.valid, meta_v)
             ctx.set(dut.qp_event.valid, ev_v)
@@ -485,17 +493,13 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
                 ctx.set(s.ready, p(tx_p) and cyc >= tx_hold)
 
             # sample transfers
-            if qpc_v and ctx.get(dut.qpc.resp.ready):
-                qpc_q = None
-            elif qpc_q is None and ctx.get(dut.qpc.req.valid) and ctx.get(dut.qpc.req.ready):
-                qpc_q = [cyc + (rng.randint(1, 6) if bp else 1),   # 1: the on-chip table
-                         ctx.get(dut.qpc.req.payload.index)]
-            if mr_v and ctx.get(dut.mr.resp.ready):
-                mr_q = None
-            elif mr_q is None and ctx.get(dut.mr.req.valid) and ctx.get(dut.mr.req.ready):
-                mr_q = [cyc + (rng.randint(1, 6) if bp else 3),    # 3: a cache hit
-                        ctx.get(dut.mr.req.payload.index)]
-            busy = mr_q is not None or qpc_q is not None or (
+            for k, (kind, pt) in enumerate(lk_ports):
+                if lk_v[k] and ctx.get(pt.resp.ready):
+                    lk_q[k] = None
+                elif lk_q[k] is None and ctx.get(pt.req.valid) and ctx.get(pt.req.ready):
+                    # 3: a cache hit
+                    lk_q[k] = [cyc + (rng.randint(1, 6) if bp else 3), ctx.get(pt.req.payload.index)]
+            busy = any(q is not None for q in lk_q) or (
                 any(rd.values()) or bool(rx_beats) or any(w is not None for w in wr.values())
                 or any(dones.values()) or tx_open is not None)
             if out["rx_done"] is None and not todo and not rx_beats:
@@ -591,6 +595,7 @@ def simulate(cfg, items, qps, mrs, mem, bp=False, seed=0, max_cycles=100_000, rd
             out["seq_drops"] += ctx.get(dut.stat_seq_drop)
             out["replays"] += ctx.get(dut.stat_replay)
             out["coalesced"] += ctx.get(dut.stat_coalesce)
+            out["busy"] += ctx.get(dut.stat_busy)
             quiet = 0 if busy else quiet + 1
             if not todo and quiet > quiet_end and cyc > tx_hold + quiet_end:
                 break
@@ -1007,7 +1012,8 @@ def test_receive_ring_wraps():
     qps[1]["ctx"]["rq_log_size"] = 1                         # two slots
     items = [event(1, QpState.RTS, 0)]
     for i in range(5):
-        items += [post(1, i % 2, 0x100 + i, 0x800 + 0x40 * i, 0x40, K0, i + 1),
+        # (posted once the SEND two before it has consumed the slot)
+        items += [post(1, i % 2, 0x100 + i, 0x800 + 0x40 * i, 0x40, K0, i + 1) + ("settle",),
                   pkt(Op.SEND_ONLY, 1, i, rnd(0x20 + i, i), ackreq=1)]
     out = run(items, qps=qps, bp=True, seed=9)
     assert [(c["wr_id"], c["byte_len"]) for c in out["cqes"]] == [(0x100 + i, 0x20 + i) for i in range(5)]
@@ -1064,6 +1070,25 @@ def test_read_throughput_with_dma_latency():
     # one DMA round trip (40 cycles) for all of them, not one per READ (16 * 40); each READ
     # costs about 10 cycles of processing and 5 of its rkey lookup (a 3-cycle cache hit)
     assert out["cycles"] < 16 * 15 + 40 + 41
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_small_requests_take_two_cycles_each(op):
+    """With the next packets' QP-context and rkey lookups in flight ahead of the state machine
+    (hw/rnic/request_lookup.py), an 8-byte READ costs the state machine two cycles (IDLE,
+    CHECK: its descriptor queued and its state written back there) and so does an 8-byte
+    WRITE with an acknowledge request (its beat written, its ACK queued and its state written
+    back in CHECK). Before the lookahead a READ took three, a WRITE five."""
+    n = 32
+    items = [event(0, QpState.RTS, 0)]
+    if op == "read":
+        items += [pkt(Op.READ_REQUEST, 0, i, va=0x100, rkey=K0, dma_len=8) for i in range(n)]
+    else:
+        items += [pkt(Op.WRITE_ONLY, 0, i, rnd(8, i), ackreq=1, va=0x100 + 8 * i, rkey=K0,
+                      dma_len=8) for i in range(n)]
+    out = run(items, bp=False, tx_p=1.0)
+    # IDLE (taking the packet) is not counted busy: one busy cycle per packet
+    assert out["busy"] <= n + 2, out["busy"]
 
 
 def hazard_items():
