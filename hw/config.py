@@ -353,6 +353,10 @@ class SystemConfig:
 # round trip of about 100 cycles caps the 8-byte READs a responder reads (one tag each) and
 # the writes a requester waits for (data and CQE, a response each) at about 0.3 per cycle,
 # 80 Mops, below the card's 111. Chosen from the mechanism, not fitted to a figure.
+# cq_lookups 4: a CQ-context lookup takes about five cycles from request to the next request
+# on its port, so a CQE every 2.25 cycles (111 Mops, one completion each) needs more than two
+# in flight (Little's law); with 2 the completion engine capped both peaks at about 59 Mops.
+# Chosen from the mechanism, not fitted to a figure.
 _CONNECTX6 = SystemConfig(
     name="connectx6",
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=1024, n_cqs=64, n_mrs=16,
@@ -360,7 +364,7 @@ _CONNECTX6 = SystemConfig(
                   pipeline_ns=112.0, mr_cache_sets=8, mr_cache_ways=2,
                   cq_cache_sets=32, cq_cache_ways=2, qp_cache_sets=64, qp_cache_ways=4,
                   wqe_cache_sets=256, wqe_cache_ways=4, desc_depth=32, dma_tags=256,
-                  dma_write_outstanding=256),
+                  dma_write_outstanding=256, cq_lookups=4),
     host=HostConfig(pcie_ns=150.0, host_mem_ns=100.0, pcie_gbps=128.0, mmio_ns=150.0),
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration=("pipeline_ns: 8-byte READ, 12 QPs x depth 1 closed loop at 5.103 Mops, i.e. a "

@@ -30,7 +30,8 @@ The engine is a two-stage pipeline, so that the lookups' latency is not paid per
 * the **back** takes the queued requests in order, each with the answer of the port it was
   asked on, in the cycle the answer is there: it checks the CQ (error, overrun), places the
   CQE (producer index, owner bit) and writes it (``32 / W`` beats), or sends the QP to ERR.
-  A CQE of ``W`` >= 32 bytes takes two cycles of the back stage (the check, the write).
+  A CQE of ``W`` >= 32 bytes is one beat, written in the cycle it is checked: the back stage
+  places a CQE per cycle (narrower: the check, then a cycle per beat).
 
 CQEs are written in the order their requests were taken, as before; the lookups of the next
 ``cq_lookups - 1`` requests are in flight while a CQE is written. CQ_ERR events leave
@@ -177,32 +178,48 @@ class Completion(wiring.Component):
 
         with m.FSM() as fsm:
             with m.State("LOOK"):
-                with m.If(pend.r_rdy & ans_v):
+                go = pend.r_rdy & ans_v
+                # a context that could not be read from ICM, an overrun, or a CQ already in
+                # error: the CQ is (stays) in error, nothing more is added to it, and the QP
+                # that needed it goes to ERR
+                failed = ans.err | full | bad.bit_select(cur, 1)
+                flags = Signal(8)
+                m.d.comb += flags.eq((head.cqe.flags & 0x7F) | (owner << 7))
+                entry = Signal(formats.CQE)
+                m.d.comb += [entry.eq(head.cqe), entry.flags.eq(flags)]
+                place = Signal(64)
+                m.d.comb += place.eq(ctx.base + ((pi[cur] & mask) * formats.CQE_BYTES))
+                if nbeats == 1:
+                    # a CQE that is one beat is written in this cycle: one CQE per cycle
+                    m.d.comb += [
+                        wr.valid.eq(go & ~failed),
+                        wr.payload.addr.eq(place),
+                        wr.payload.len.eq(formats.CQE_BYTES),
+                        wr.payload.tag.eq(cur),
+                        wr.payload.data.eq(entry.as_value()),
+                        wr.payload.nbytes.eq(beat_bytes),
+                        wr.payload.last.eq(1),
+                        wr.payload.hint.eq(1),          # the host's event line follows CQEs
+                    ]
+                    take = go & (failed | wr.ready)
+                else:
+                    take = go
+                with m.If(take):
                     for k, lk in enumerate(self.cq):
                         with m.If(serve == k):
                             m.d.comb += lk.resp.ready.eq(1)
                     m.d.comb += pend.r_en.eq(1)
                     m.d.sync += [serve.eq(Mux(serve == P - 1, 0, serve + 1)),
                                  kqpn.eq(head.cqe.qpn), wcq.eq(cur)]
-                    with m.If(ans.err | full | bad.bit_select(cur, 1)):
-                        # a context that could not be read from ICM, an overrun, or a CQ
-                        # already in error: the CQ is (stays) in error, nothing more is
-                        # added to it, and the QP that needed it goes to ERR
+                    with m.If(failed):
                         m.d.comb += [self.stat_overflow.eq(1), set_bad.eq(1 << cur)]
                         m.next = "KILL_QP"
                     with m.Else():
-                        flags = Signal(8)
-                        m.d.comb += flags.eq((head.cqe.flags & 0x7F) | (owner << 7))
-                        entry = Signal(formats.CQE)
-                        m.d.comb += [entry.eq(head.cqe), entry.flags.eq(flags)]
-                        m.d.sync += [
-                            addr.eq(ctx.base + ((pi[cur] & mask) * formats.CQE_BYTES)),
-                            wdata.eq(entry.as_value()),
-                            beat.eq(0),
-                        ]
                         m.d.comb += pi.write("fsm", cur, pi[cur] + 1)
                         m.d.comb += self.stat_cqe.eq(1)
-                        m.next = "WRITE"
+                        if nbeats > 1:
+                            m.d.sync += [addr.eq(place), wdata.eq(entry.as_value()), beat.eq(0)]
+                            m.next = "WRITE"
             with m.State("KILL_QP"):
                 m.d.comb += [self.err_qp.valid.eq(1), self.err_qp.payload.qpn.eq(kqpn)]
                 with m.If(self.err_qp.ready):
