@@ -129,7 +129,11 @@ OCCUPANCY = {"req_send": "BUSY_REQ_SEND", "req_resp": "BUSY_REQ_RESP", "responde
 #: where the send engines' busy cycles go waiting (hw/regmap.py ``WAIT_SEND_*``), printed
 #: beside the occupancy as shares of the measured cycles (per unit)
 SEND_WAITS = {"req_send_wait_wqe": "WAIT_SEND_WQE", "req_send_wait_mr": "WAIT_SEND_MR",
-              "req_send_wait_tx": "WAIT_SEND_TX"}
+              "req_send_wait_tx": "WAIT_SEND_TX", "req_send_wait_pay": "WAIT_SEND_PAY"}
+#: back-pressure along the frame path (hw/regmap.py ``STALL_*``): shares of the measured
+#: cycles in which a beat was offered and not taken
+STALLS = {"req_tx": "STALL_REQ_TX", "rsp_tx": "STALL_RSP_TX", "tx": "STALL_TX",
+          "rx": "STALL_RX", "req_rx": "STALL_REQ_RX", "rsp_rx": "STALL_RSP_RX"}
 
 
 #: the peak's QP pairs: 48 x max_rd_atomic (16) = 768 READs outstanding at most, the point
@@ -156,8 +160,9 @@ def _peaks(s, info, cfg, cycles, tmp, prefix=""):
     fewer; QPNs 0 and 1 are reserved), all QPs of a node sharing one MR:
 
     * ``peak_<op>_mops``: the NIC's processing rate (sim/tb_bench.py ``burst``): 64 work
-      requests per QP written before the clock starts, every doorbell rung, the time to the
-      last completion; three rounds, the first (caches cold) not counted;
+      requests per QP written before the clock starts, every doorbell rung, the time until
+      the NIC has written the last CQE (the host CPU reads them afterwards); three rounds,
+      the first (caches cold) not counted;
     * ``closed_loop_<op>_mops``: ``max_rd_atomic`` (16) in flight per QP, the Python-driven
       CPU posting a new one as each completes (sim/tb_bench.py ``loaded``): bounded by that
       host's posting rate as much as by the NIC;
@@ -198,6 +203,11 @@ def _peaks(s, info, cfg, cycles, tmp, prefix=""):
             s[f"{prefix}{key}_send_waits"] = waits["a"]
             print("  node a's send engines wait (share of the measured cycles, per unit): "
                   + ", ".join(f"{e[9:]} {v:.2f}" for e, v in waits["a"].items()))
+            stalls = occupancy(r["counters"], r["cycles"], 1, STALLS)
+            s[f"{prefix}{key}_stalls"] = stalls
+            print("  back-pressure (share of the measured cycles a beat waited): "
+                  + "; ".join(f"node {k}: " + ", ".join(f"{e} {v:.2f}" for e, v in d.items())
+                              for k, d in stalls.items()))
         r = _tb(info, cfg, "loaded", cycles, tmp, BENCH_SIZE=8, BENCH_OP=op, BENCH_SHARED=1,
                 BENCH_PAIRS=pairs, BENCH_WINDOW=window, **pus)
         s[f"{prefix}closed_loop_{op}_mops"] = r["mops"]

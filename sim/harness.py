@@ -69,6 +69,9 @@ class Host:
         # one Event per CQ, so that a CQE wakes only the threads waiting on that CQ
         self._cq_events = {}
         self._cq_by_page, self._cq_known = {}, 0
+        #: per CQ number: writes into its ring seen so far, and the time of the last (ns):
+        #: when the NIC wrote its CQEs, whenever the host CPU reads them (sim/tb_bench.py)
+        self.cq_writes, self.cq_last_write_ns = {}, {}
         self.dma.on_write = self._on_write
         self.ctx = verbs.Context(self.mmio, self.mem, cfg.nic, node_id,
                                  doorbell_policy=doorbell_policy, host_base=base, host_size=size,
@@ -88,6 +91,8 @@ class Host:
         for p in {addr >> 12, (addr + n - 1) >> 12}:
             for cq in self._cq_by_page.get(p, ()):
                 if addr < cq.base + cq.depth * CQE_BYTES and cq.base < addr + n:
+                    self.cq_writes[cq.cqn] = self.cq_writes.get(cq.cqn, 0) + 1
+                    self.cq_last_write_ns[cq.cqn] = now_ns()
                     ev = self._cq_events.get(cq.cqn)
                     if ev is not None:
                         ev.set()
@@ -115,6 +120,17 @@ class Host:
                 raise TimeoutError(f"{len(wcs)} of {n} completions after {timeout_ns} ns")
             if not ev.is_set():
                 await First(ev.wait(), Timer(max(1, int(left * 1000)), "ps"))
+
+    async def wait_cq_writes(self, cq, n):
+        """Wait until ``n`` writes into ``cq``'s ring have been seen in all (``cq_writes``);
+        returns the time of the last (ns). The CQEs are not read."""
+        ev = self._cq_events.get(cq.cqn)
+        if ev is None:
+            ev = self._cq_events[cq.cqn] = Event()
+        while self.cq_writes.get(cq.cqn, 0) < n:
+            ev.clear()
+            await ev.wait()
+        return self.cq_last_write_ns[cq.cqn]
 
     async def read_counters(self):
         from hw.regmap import Counter

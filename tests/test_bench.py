@@ -1,11 +1,13 @@
 """sim/bench.py's pure-Python parts: the occupancy table that locates the peak's bound."""
 
 from hw.regmap import Counter
-from sim.bench import OCCUPANCY, occupancy
+from sim.bench import OCCUPANCY, SEND_WAITS, STALLS, occupancy
 
 
 def test_occupancy_names_real_counters():
-    assert set(OCCUPANCY.values()) <= {c.name for c in Counter}
+    names = {c.name for c in Counter}
+    assert set(OCCUPANCY.values()) <= names
+    assert set(SEND_WAITS.values()) <= names and set(STALLS.values()) <= names
 
 
 def test_occupancy_shares():

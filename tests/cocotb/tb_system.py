@@ -83,6 +83,9 @@ async def test_each_opcode(dut):
     assert counters["OPS_WRITE"] == 5 and counters["OPS_READ"] == 3
     assert counters["OPS_CAS"] == 2 and counters["OPS_FAA"] == 2
     assert counters["OPS_SEND"] == 2 and counters["CQES"] == 13
+    # the harness saw each CQE written into the ring (sim/tb_bench.py times the NIC by them)
+    assert sysm.a.cq_writes[a["cq"].cqn] == 13, sysm.a.cq_writes
+    assert await sysm.a.wait_cq_writes(a["cq"], 13) == sysm.a.cq_last_write_ns[a["cq"].cqn]
     assert counters["WQE_FETCHES"] >= 1 and counters["DMA_READS"] > 0
     assert counters["RX_DROP_ICRC"] == 0 and counters["RX_DROP_MALFORMED"] == 0
     b_counters = await sysm.b.read_counters()
