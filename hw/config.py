@@ -361,7 +361,7 @@ _CONNECTX6 = SystemConfig(
     name="connectx6",
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=1024, n_cqs=64, n_mrs=16,
                   n_doorbells=16, mtu=4096, max_rd_atomic=16, max_outstanding=32,
-                  pipeline_ns=112.0, mr_cache_sets=8, mr_cache_ways=2,
+                  pipeline_ns=114.75, mr_cache_sets=8, mr_cache_ways=2,
                   cq_cache_sets=32, cq_cache_ways=2, qp_cache_sets=64, qp_cache_ways=4,
                   wqe_cache_sets=256, wqe_cache_ways=4, desc_depth=32, dma_tags=256,
                   dma_write_outstanding=256, cq_lookups=4),
@@ -369,9 +369,10 @@ _CONNECTX6 = SystemConfig(
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration=("pipeline_ns: 8-byte READ, 12 QPs x depth 1 closed loop at 5.103 Mops, i.e. a "
                  "loaded round trip of 2.35 us (SMART, ASPLOS'24, artifact fig4a); re-fitted "
-                 "once the engines took fewer cycles per operation (the RTL of this fit, "
-                 "with 104.25 ns: 2.321 us), a READ crosses the pipeline 4 times, "
-                 "104.25 + (2.352 - 2.321) / 4 us = 112.0 ns"),
+                 "once the responder's request lookahead and the completion engine's "
+                 "CQE per cycle shortened a READ (the RTL of this fit, e0cbef9, with "
+                 "112.0 ns: 2.341 us), a READ crosses the pipeline 4 times, "
+                 "112.0 + (2.352 - 2.341) / 4 us = 114.75 ns (29 cycles)"),
 )
 
 # Small and fast: for unit and integration tests and for FPGA synthesis checks. Its MR cache
