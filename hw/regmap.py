@@ -246,6 +246,18 @@ class Counter(enum.IntEnum):
     STALL_REQ_RX = 106
     STALL_RSP_RX = 107
     WAIT_SEND_PAY = 108       # send engines: to have a payload read taken (buffer room, DMA port)
+    # queue occupancy, added every cycle (over the cycles counted, the average length; with
+    # the rate through it, Little's law gives the average wait): QPs in the requester's ready
+    # queues, WQE batches in flight (fetch issued, batch not yet sent) and READ / atomic
+    # requests outstanding (the sum of every QP's count), over all processing units
+    Q_REQ_READY = 109
+    Q_REQ_FETCH = 110
+    Q_REQ_RD_OUT = 111
+    # DMA reads in flight (PCIe tags in use), DMA writes waiting for their response, and
+    # the responder's response queue (responses queued in request order, not yet sent)
+    Q_HIF_READS = 112
+    Q_HIF_WRITES = 113
+    Q_RSP_QUEUE = 114
 
 
 def register_map(n_doorbells):

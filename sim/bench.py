@@ -134,6 +134,36 @@ SEND_WAITS = {"req_send_wait_wqe": "WAIT_SEND_WQE", "req_send_wait_mr": "WAIT_SE
 #: cycles in which a beat was offered and not taken
 STALLS = {"req_tx": "STALL_REQ_TX", "rsp_tx": "STALL_RSP_TX", "tx": "STALL_TX",
           "rx": "STALL_RX", "req_rx": "STALL_REQ_RX", "rsp_rx": "STALL_RSP_RX"}
+#: queues (hw/regmap.py ``Q_*``: occupancy added every cycle) and what passes through each:
+#: name -> (counter, the counter of items through it or None for the operations). Node a's
+#: requester (all units): QPs in the ready queues and WQE batches in flight (fetch issued,
+#: not yet sent), per WQE-fetch DMA read; READ / atomic requests outstanding, per
+#: operation; both nodes' DMA reads in flight (tags in use) and writes waiting for their
+#: response, per TLP; the responder's response queue, per operation
+QUEUES = {"ready_qps": ("Q_REQ_READY", "RD_WQE_REQS"),
+          "fetch_batches": ("Q_REQ_FETCH", "RD_WQE_REQS"),
+          "rd_outstanding": ("Q_REQ_RD_OUT", None),
+          "dma_reads": ("Q_HIF_READS", "HIF_READ_REQS"),
+          "dma_writes": ("Q_HIF_WRITES", "HIF_WRITE_TLPS"),
+          "rsp_queue": ("Q_RSP_QUEUE", None)}
+
+
+def queues(counters, cycles, ops):
+    """Per node, each queue's mean length over ``cycles`` and, by Little's law, the mean
+    time (cycles) an item spends in it: the sum of the lengths over the items through it
+    (:data:`QUEUES`; ``ops`` operations for those counted per operation). Queues that stayed
+    empty are left out."""
+    out = {}
+    for node, c in counters.items():
+        d = {}
+        for name, (counter, through) in QUEUES.items():
+            if not c.get(counter):
+                continue
+            n = ops if through is None else c[through]
+            d[name] = {"mean": round(c[counter] / cycles, 2),
+                       "cycles_each": round(c[counter] / n, 1) if n else None}
+        out[node] = d
+    return out
 
 
 #: the peak's QP pairs: 48 x max_rd_atomic (16) = 768 READs outstanding at most, the point
@@ -203,6 +233,12 @@ def _peaks(s, info, cfg, cycles, tmp, prefix=""):
             s[f"{prefix}{key}_send_waits"] = waits["a"]
             print("  node a's send engines wait (share of the measured cycles, per unit): "
                   + ", ".join(f"{e[9:]} {v:.2f}" for e, v in waits["a"].items()))
+            q = queues(r["counters"], r["cycles"], r["ops"])
+            s[f"{prefix}{key}_queues"] = q
+            print("  queues (mean length / cycles each, by Little's law): "
+                  + "; ".join(f"node {k}: " + ", ".join(
+                      f"{e} {v['mean']} / {v['cycles_each']}" for e, v in d.items())
+                      for k, d in q.items()))
             stalls = occupancy(r["counters"], r["cycles"], 1, STALLS)
             s[f"{prefix}{key}_stalls"] = stalls
             print("  back-pressure (share of the measured cycles a beat waited): "

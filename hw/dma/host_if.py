@@ -15,7 +15,9 @@ Counters (one-cycle values for :mod:`hw.rnic.counters`): ``stat_down_bytes`` / `
 are the link bytes of the TLP whose first beat moves this cycle, header and framing included
 (``tlp_overhead`` per TLP, :mod:`hw.dma.tlp`); ``stat_mrd``, ``stat_mwr``, ``stat_cpld``
 count TLPs; ``stat_err`` completions and write responses with an error status; ``stat_bad``
-up TLPs that matched nothing (dropped).
+up TLPs that matched nothing (dropped). Occupancies (added every cycle by the counters
+``Q_HIF_READS`` / ``Q_HIF_WRITES``): ``q_reads``, read tags in use (MRds sent and not yet
+completely answered); ``q_writes``, write TLPs waiting for their response.
 
 Parameters: ``data_bytes``; ``ring_words`` and ``rd_max_len`` (per read client, see the
 read engine); ``n_write`` (write clients); ``n_tags``, ``max_read_request``,
@@ -61,6 +63,8 @@ class HostInterface(wiring.Component):
             "stat_cpld": Out(1),
             "stat_err": Out(1),
             "stat_bad": Out(1),
+            "q_reads": Out(range(n_tags + 1)),
+            "q_writes": Out(range(write_outstanding + 1)),
         })
 
     def elaborate(self, platform):
@@ -136,5 +140,7 @@ class HostInterface(wiring.Component):
             self.stat_cpld.eq(up.valid & u_first & is_cpl),
             self.stat_err.eq(up.valid & u_first & (up.payload.hdr.status != TlpStatus.SC)),
             self.stat_bad.eq(rde.stat_bad | wre.stat_bad),
+            self.q_reads.eq(rde.n_tags - rde.tags_free),
+            self.q_writes.eq(wre.pending),
         ]
         return m

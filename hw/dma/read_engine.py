@@ -128,7 +128,7 @@ class DmaReadEngine(wiring.Component):
             "cpl": In(TlpUp(data_bytes)),
             "w_accepted": In(16),
             "stat_bad": Out(1),
-            "tags_free": Out(range(n_tags + 1)),
+            "tags_free": Out(range(n_tags + 1), init=n_tags),
         })
 
     def elaborate(self, platform):
@@ -146,7 +146,6 @@ class DmaReadEngine(wiring.Component):
         # ---- tag pool and tag table -------------------------------------------------------
         free = Signal(NT, init=(1 << NT) - 1)
         tag_any, tag_pick = first_set(m, free, "tag")
-        m.d.comb += self.tags_free.eq(sum(free[i] for i in range(NT)))
         # kbase: ring word of the TLP's first host word; s_lo: the TLP address mod W
         TAG_ENTRY = data.StructLayout({"client": cb, "seq": ls, "kbase": kbits, "s_lo": lw})
         m.submodules.tagtab = tagtab = Memory(shape=TAG_ENTRY, depth=NT, init=[])
@@ -155,6 +154,9 @@ class DmaReadEngine(wiring.Component):
         free_set = Signal(NT)
         free_clr = Signal(NT)
         m.d.sync += free.eq((free & ~free_clr) | free_set)
+        # tags free: a count kept beside the pool (a tag is taken and one given back at most
+        # once per cycle each), not a popcount of the pool
+        m.d.sync += self.tags_free.eq(self.tags_free - (free_clr != 0) + (free_set != 0))
 
         # ---- MRd output register -----------------------------------------------------------
         mrd_v = Signal()

@@ -31,7 +31,8 @@ Parameters: ``data_bytes`` (W, power of two in [8, 64]), ``n_clients`` in [1, 16
 in [2, 256]).
 
 Ports: ``wr: In(DmaWritePort(W)).array(n)``; ``mwr: Out(TlpDown(W))``; ``rsp: In(stream
-TLP_UP_HDR, always ready)``; ``accepted``, ``emitted``: ``Out(16)``; ``stat_bad: Out(1)``.
+TLP_UP_HDR, always ready)``; ``accepted``, ``emitted``: ``Out(16)``; ``stat_bad: Out(1)``;
+``pending: Out(range(outstanding + 1))``, the TLPs waiting for their response.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -79,6 +80,7 @@ class DmaWriteEngine(wiring.Component):
             "accepted": Out(16),
             "emitted": Out(16),
             "stat_bad": Out(1),
+            "pending": Out(range(outstanding + 1)),
         })
 
     def elaborate(self, platform):
@@ -93,6 +95,7 @@ class DmaWriteEngine(wiring.Component):
         cb = max(1, (n - 1).bit_length())
         OUT = data.StructLayout({"client": cb, "last": 1, "tag": DMA_USER_TAG_BITS})
         m.submodules.pend = pend = SyncFIFOBuffered(width=OUT.size, depth=self.outstanding)
+        m.d.comb += self.pending.eq(pend.level)
 
         busy = Signal()
         owner = Signal(range(max(n, 2)))

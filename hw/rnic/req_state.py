@@ -39,7 +39,7 @@ def req_state_fields(cfg):
         # READ/atomic requests outstanding and the fence flag: the send engine (commit,
         # reset) wins over the response engine (completion), merged when both work on one
         # QP in the same cycle
-        "rd_out": (5, ("rx", "tx"), 5, 0),
+        "rd_out": (5, ("rx", "tx"), 6, 0),
         "fence_wait": (1, ("rx", "tx"), 4, 0),
         # READ/atomic limit and send CQ, captured when a message enters the tracker
         "qlim": (5, ("tx",), 4, 16),

@@ -222,12 +222,16 @@ STATS = ["stat_write", "stat_read", "stat_send", "stat_cas", "stat_faa",
 #: and the WRs ended by a host-interface error (a WQE, a payload read, a write, a WQE read
 #: again), and the occupancy of the send and response engines (high while not idle), and
 #: where the send engine waits (a WQE, an MR entry, room for a request header, its payload
-#: read taken)
+#: read taken), and three occupancies (a value per cycle, its largest a function of the
+#: configuration): QPs in the ready queue, WQE batches in flight, and the sum of the QPs'
+#: READ/atomic counts
 COUNTS = ([(s, 1) for s in STATS]
           + [("stat_bf_miss", None), ("stat_wqe_hit", 1), ("stat_wqe_miss", 1),
              ("stat_wqe_evict", 1), ("stat_dma_err", 4), ("stat_busy_send", 1),
              ("stat_busy_resp", 1), ("stat_wait_wqe", 1), ("stat_wait_mr", 1),
-             ("stat_wait_tx", 1), ("stat_wait_pay", 1)])
+             ("stat_wait_tx", 1), ("stat_wait_pay", 1),
+             ("stat_q_ready", lambda cfg: cfg.n_qps), ("stat_q_fetch", lambda cfg: cfg.fetch_depth),
+             ("stat_q_rd_out", lambda cfg: cfg.n_qps * cfg.max_rd_atomic)])
 
 
 def requester_ports(cfg, qpn_bits, mr_bits, units=None):
@@ -260,7 +264,8 @@ def requester_ports(cfg, qpn_bits, mr_bits, units=None):
         "bf": In(stream.Signature(SQ_BF, always_ready=True)),
     }
     for name, most in COUNTS:
-        ports[name] = Out(range((units or 1) * (cfg.bf_entries if most is None else most) + 1))
+        most = cfg.bf_entries if most is None else most(cfg) if callable(most) else most
+        ports[name] = Out(range((units or 1) * most + 1))
     return ports
 
 
@@ -451,6 +456,19 @@ class Requester(wiring.Component):
             m.d.comb += (rd_out.write("tx", cur, nxt_tx)
                          + fence_wait.write("tx", cur, (fence_wait[cur] | tx_fence_set)
                                             & (nxt_tx != 0)))
+        # the sum of every QP's READ/atomic count (a counter's occupancy, stat_q_rd_out),
+        # changed as the writes above change one QP's: a reset's write wins over a commit and
+        # over a completion on the same QP (it takes the count it clears)
+        rd_sum = Signal(range(nq * cfg.max_rd_atomic + 1))
+        rst_q = Mux(ev_rst_rd, ev_sel, cur)
+        rst = ev_rst_rd | rw_rst_rd
+        rd_add = Signal(2)
+        rd_sub = Signal(6)
+        m.d.comb += [rd_add.eq(tx_rd_inc & ~rst),
+                     rd_sub.eq(Mux(rx_rd_dec & ~(rst & (rst_q == rcur)), 1, 0)
+                               + Mux(ev_rst_rd, rd_out[ev_sel], Mux(rw_rst_rd, rd_out[cur], 0)))]
+        m.d.sync += rd_sum.eq(rd_sum + rd_add - rd_sub)
+        m.d.comb += self.stat_q_rd_out.eq(rd_sum)
 
         # ---------------- completions and QP errors of both FSMs, behind the write gate
         # (hw/rnic/completion_gate.py): a CQE leaves only once the data the requester wrote
@@ -699,6 +717,7 @@ class Requester(wiring.Component):
             m.d.comb += r.read_addrs()
         m.d.comb += [self.stat_wait_wqe.eq(se.wait_wqe), self.stat_wait_mr.eq(se.wait_mr),
                      self.stat_wait_tx.eq(se.wait_tx), self.stat_wait_pay.eq(se.wait_pay)]
+        m.d.comb += [self.stat_q_ready.eq(rdy.count), self.stat_q_fetch.eq(iss.n_fl)]
         m.d.comb += [self.stat_busy_send.eq(se.active),
                      self.stat_busy_resp.eq(resp.active),
                      self.stat_retry_exc.eq(se.stat_retry_exc | resp.stat_retry_exc)]

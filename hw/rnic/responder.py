@@ -181,7 +181,8 @@ LOAD; a receive WQE's lkey in WQE_MR_REQ / WQE_MR_RESP),
 ``stat_resp_full``: ``Out(1)`` (a response waits for room in the response queue this cycle),
 ``stat_dma_err``: ``Out(range(4))`` (host-interface errors turned into NAKs this cycle),
 ``stat_busy``: ``Out(1)`` (the state machine is not in IDLE: its occupancy; one request
-packet at a time, so busy cycles near the elapsed cycles make the responder the bound).
+packet at a time, so busy cycles near the elapsed cycles make the responder the bound),
+``stat_q_resp``: the response queue's descriptors not yet sent (its occupancy).
 
 Parameter ``read_buffers`` (power of two in [2, 16], default ``cfg.read_buffers``): size of
 the READ payload ring in MTUs. The replay cache holds ``cfg.replay_slots`` results per QP.
@@ -271,6 +272,7 @@ class Responder(wiring.Component):
             "stat_seq_drop": Out(1),
             "stat_replay": Out(1),
             "stat_coalesce": Out(1),
+            "stat_q_resp": Out(range(cfg.n_qps * cfg.max_outstanding + 1)),
             "stat_dma_err": Out(range(4)),
             "stat_busy": Out(1),
             "stat_rq_prefetch": Out(1),
@@ -452,6 +454,7 @@ class Responder(wiring.Component):
         m.d.comb += [rq.node_id.eq(self.node_id),
                      self.stat_resp_full.eq(rq.stat_resp_full),
                      self.stat_coalesce.eq(rq.stat_coalesce),
+                     self.stat_q_resp.eq(rq.q_level),
                      self.stat_nak.eq(rq.stat_nak)]
         wiring.connect(m, rq.rd, wiring.flipped(self.rd_data))
         wiring.connect(m, rq.tx, wiring.flipped(self.tx))

@@ -40,7 +40,8 @@ answers in dispatch order (``n_qps * replay_slots`` of them are held); ``at_sent
 ``Out(1)``, a pending atomic's answer leaves; ``rd``: ``Out(DmaReadPort(W))``;
 ``tx``: ``Out(PacketOut(W))``; ``node_id``: ``In(8)``; ``set_err``: ``Out(QpErrRequest())``;
 ``stat_nak`` (a NAK leaves), ``stat_dma_err`` (a host failure became a NAK),
-``stat_resp_full``, ``stat_coalesce``: ``Out(1)``.
+``stat_resp_full``, ``stat_coalesce``: ``Out(1)``; ``q_level``: the descriptors queued and
+not yet sent (the counter ``Q_RSP_QUEUE`` adds it every cycle).
 
 Parameters: ``cfg`` (:class:`~hw.config.NicConfig`), ``read_buffers`` (the READ payload
 ring in MTUs, a power of two in [2, 16]).
@@ -112,6 +113,7 @@ class ResponseQueue(wiring.Component):
             "stat_dma_err": Out(1),
             "stat_resp_full": Out(1),
             "stat_coalesce": Out(1),
+            "q_level": Out(range(cfg.n_qps * cfg.max_outstanding + 1)),
         })
 
     def elaborate(self, platform):
@@ -142,6 +144,7 @@ class ResponseQueue(wiring.Component):
         q_p = Signal(qk + 1)
         q_t = Signal(qk + 1)
         q_full = (q_w - q_t)[:qk + 1] == qd
+        m.d.comb += self.q_level.eq((q_w - q_t)[:qk + 1])
         q_entry = self.push.payload
         # ACK coalescing: the newest entry is a positive ACK of QP la_qpn, not yet sent
         la_valid = Signal()

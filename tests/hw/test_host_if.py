@@ -59,17 +59,20 @@ def run_host_if(*, W=8, rings=(16, 64, 32), n_write=2, reads=None, writes=None, 
                       cpl_bytes=cpl_bytes, max_payload=mps, fail=fail)
     clients = ClientsSim(dut.rd, dut.wr, W, reads=reads, writes=writes, seed=seed + 1,
                          p_client=p_client, before_read=before_read, after_write=after_write)
-    state = {"bad": 0}
+    state = {"bad": 0, "q_reads_max": 0, "q_writes_max": 0}
 
     async def count_bad(ctx):
         while True:
-            _, _, bad = await ctx.tick().sample(dut.stat_bad)
+            _, _, bad, qr, qw = await ctx.tick().sample(dut.stat_bad, dut.q_reads, dut.q_writes)
             state["bad"] += bad
+            state["q_reads_max"] = max(state["q_reads_max"], qr)
+            state["q_writes_max"] = max(state["q_writes_max"], qw)
 
     async def drain(ctx):
         for _ in range(max(lat) + 50):        # let the last responses drain
             await ctx.tick()
         state["tags_free"] = ctx.get(dut.rd_engine.tags_free)
+        state["q_reads"], state["q_writes"] = ctx.get(dut.q_reads), ctx.get(dut.q_writes)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -126,6 +129,9 @@ def test_reads_out_of_order(W, seed, p_ready, p_client):
     assert host.sent != sorted(host.sent)
     assert sorted(set(host.sent)) == list(range(len(host.mrd)))
     assert state["bad"] == 0 and state["tags_free"] == 8
+    # the occupancy outputs (Q_HIF_READS): several tags were in use at once, never more
+    # than the pool, none once every read is answered
+    assert 2 <= state["q_reads_max"] <= 8 and state["q_reads"] == 0
 
 
 def test_reads_large_through_small_ring():
@@ -172,6 +178,9 @@ def test_writes_split_and_realigned(W, seed):
     for c in range(2):
         assert got[c] == [(t, 0) for _, _, t in writes[c]]
     assert mem.read(0, 2 * REGION) == shadow.read(0, 2 * REGION)
+    # Q_HIF_WRITES: several TLPs waited for their response at once (write_outstanding 8),
+    # none once every write is answered
+    assert 2 <= state["q_writes_max"] <= 8 and state["q_writes"] == 0
     expect = {c: [p for a, d, _ in writes[c] for p in split_writes(a, len(d), 256)] for c in range(2)}
     assert [(a, n) for _, _, a, n in host.mwr if a // REGION == 0] == expect[0]
     assert [(a, n) for _, _, a, n in host.mwr if a // REGION == 1] == expect[1]

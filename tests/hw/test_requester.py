@@ -225,13 +225,20 @@ def run(world, script, max_cycles=20000):
     stat_names = stat_names + ["stat_bf_miss", "stat_dma_err", "stat_wqe_hit", "stat_wqe_miss",
                                "stat_wqe_evict"]
     world.stats = {s: 0 for s in stat_names}
+    # the queue occupancies (Q_REQ_*): the highest and the last value seen
+    q_names = ["stat_q_ready", "stat_q_fetch", "stat_q_rd_out"]
+    world.q_max = {s: 0 for s in q_names}
+    world.q_last = {}
     remote_qpn = {world.qps[q]["dest_qpn"]: q for q in world.qps}
 
     async def clock(ctx):
         while True:
-            res = await ctx.tick().sample(*[getattr(dut, s) for s in stat_names])
+            res = await ctx.tick().sample(*[getattr(dut, s) for s in stat_names + q_names])
             for s, v in zip(stat_names, res[2:]):
                 world.stats[s] += v
+            for s, v in zip(q_names, res[2 + len(stat_names):]):
+                world.q_max[s] = max(world.q_max[s], v)
+                world.q_last[s] = v
             world.t += 1
 
     async def dma_read_req(ctx, port, log, queue, fail=None):
@@ -978,6 +985,11 @@ def test_max_rd_atomic_limit():
     lens = [ln // formats.WQE_BYTES for _, ln in world.wqe_reads]
     assert lens[0] == min(len(ws), CFG.wqe_batch) and all(n <= 2 for n in lens[1:]), lens
     assert sum(lens) <= len(ws) + lens[0] - 2, lens
+    # Q_REQ_RD_OUT, the sum of the QPs' READ/atomic counts: at the limit, back to 0 at the
+    # end; one QP was queued and one batch in flight at a time (Q_REQ_READY, Q_REQ_FETCH)
+    assert world.q_max["stat_q_rd_out"] == 2 and world.q_last["stat_q_rd_out"] == 0
+    assert world.q_max["stat_q_ready"] == 1 and world.q_max["stat_q_fetch"] == 1
+    assert world.q_last["stat_q_ready"] == 0 and world.q_last["stat_q_fetch"] == 0
 
 
 def test_tracker_limit_and_ring_wrap():
@@ -1187,6 +1199,40 @@ def test_flush_outstanding_on_err_event_then_reset():
     assert all(c["status"] == 0 for c in world.cqes[len(ws):])
     assert [m["psn"] for _, _, m, _ in world.tx[world.n_tx:]] == [500, 501]
     assert world.wqe_reads[-1] == (world.qps[0]["sq_base"], 128)
+
+
+def test_read_count_sum_through_err_and_reset():
+    """Q_REQ_RD_OUT, the sum of every QP's READ/atomic count: READs of two QPs outstanding,
+    one QP put in ERR (its READs flushed) and reset, then used again: the sum is what both
+    QPs have outstanding, and 0 once everything completed."""
+    world = World(CFG, 16, bp=0.2, resp_lat=300)
+    ws = {q: [wqe(O.RDMA_READ, 8, SIG, local=GOOD["base"] + 0x8000 + 0x100 * i + 0x1000 * q,
+                  remote=0x800000 + 0x100 * i) for i in range(6)] for q in (0, 1)}
+    ws2 = [wqe(O.RDMA_READ, 8, SIG, local=GOOD["base"] + 0x9000, remote=0x800000)]
+    world.final_psn[0] = None
+
+    async def script(ctx, world, event, wait):
+        for q in (0, 1):
+            await event(q, formats.QpState.RTS.value, 0)
+            for w in ws[q]:
+                world.post(q, w)
+            world.ring(q)
+        await wait(lambda: len(world.tx) >= 8)
+        await event(0, formats.QpState.ERR.value)
+        await wait(lambda: len(world.cqes) >= 12)
+        for _ in range(400):        # late responses are dropped
+            await ctx.tick()
+        await event(0, formats.QpState.RESET.value)
+        await event(0, formats.QpState.RTS.value, 500)
+        world.posted[0] = []
+        for w in ws2:
+            world.post(0, w)
+        world.ring(0)
+        await wait(lambda: len(world.cqes) >= 13)
+
+    run(world, script)
+    assert world.q_max["stat_q_rd_out"] >= 7 and world.q_last["stat_q_rd_out"] == 0
+    assert sorted(c["status"] for c in world.cqes).count(0) >= 7
 
 
 def test_doorbell_overflow():

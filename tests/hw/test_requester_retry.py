@@ -356,6 +356,8 @@ def test_random_losses():
     world, ws, remote0 = go(r, qctx=dict(retry_cnt=7), wqes=ws, max_cycles=200000)
     check_all_succeeded(world, ws, remote0, r)
     assert world.stats["stat_retransmit"] >= 3 and world.stats["stat_timeout"] >= 1
+    # the sum of the READ/atomic counts (Q_REQ_RD_OUT) follows the rewinds that clear them
+    assert world.q_max["stat_q_rd_out"] >= 1 and world.q_last["stat_q_rd_out"] == 0
 
 
 def test_read_resumes_after_received_responses():
