@@ -449,3 +449,15 @@ def test_parameters():
     with pytest.raises(ValueError):
         ResponseQueue(object(), 4)
     assert ResponseQueue(CFG, 16).at_depth == CFG.n_qps * CFG.replay_slots
+
+
+def test_one_beat_reads_leave_every_two_cycles():
+    """Forty one-beat READs whose data is in the ring: the transmitter sends a header and its
+    beat per two cycles (the header of a READ's first packet leaves from IDLE, the next
+    entry is taken with the last beat; was four cycles each), in order, with their data."""
+    rng = random.Random(71)
+    items = [read(rng, i % 4, W) for i in range(40)]
+    out, _ = run(items, seed=71, hold=True, p_tx=1.0)
+    cycles = [c for _, _, c in out["tx"]]
+    assert len(cycles) == 40
+    assert [b - a for a, b in zip(cycles, cycles[1:])] == [2] * 39
