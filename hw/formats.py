@@ -26,7 +26,7 @@ __all__ = [
     "CQE_FLAG_IMM", "CQE_FLAG_OWNER",
     "HEADER_BYTES", "ETH_IP_UDP_BYTES", "ROCE_UDP_PORT",
     "headers_of", "pack", "unpack",
-    "TlpKind", "CplKind", "TlpStatus", "TLP_DOWN_HDR", "TLP_UP_HDR", "tlp_words", "tlp_dwords", "tlp_cost",
+    "TlpKind", "CplKind", "TlpStatus", "TLP_DOWN_HDR", "TLP_UP_HDR", "WRSP_SIDE", "tlp_words", "tlp_dwords", "tlp_cost",
 ]
 
 
@@ -371,6 +371,13 @@ TLP_UP_HDR = data.StructLayout({
     "dw": 11,          # payload length in double words (PCIe's Length field): the link cost
     "last": 1,
 })
+
+#: A write response riding beside a completion beat (the model's write responses stand for
+#: AXI's B channel, a channel of their own: PCIe's posted writes have none). Valid only on a
+#: completion's beats; a write response with no completion to ride on is a beat of its own
+#: (``kind`` WRRSP). Either way it costs no link time (:func:`hw.dma.tlp.up_cost`) and, since
+#: this field, no beat of the up stream while completions flow.
+WRSP_SIDE = data.StructLayout({"valid": 1, "tag": 8, "status": TlpStatus})
 
 
 def tlp_words(addr, length, data_bytes):

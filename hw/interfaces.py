@@ -224,7 +224,8 @@ def tlp_down_layout(data_bytes):
 
 
 def tlp_up_layout(data_bytes):
-    return data.StructLayout({"hdr": formats.TLP_UP_HDR, "data": 8 * data_bytes, "last": 1})
+    return data.StructLayout({"hdr": formats.TLP_UP_HDR, "data": 8 * data_bytes, "last": 1,
+                              "wrsp": formats.WRSP_SIDE})
 
 
 def TlpDown(data_bytes):

@@ -31,6 +31,8 @@ TABLES = [
      "docs/host-interface.md)", formats.TLP_DOWN_HDR),
     ("Up TLP header (host to NIC: completions, write responses; the model's header)",
      formats.TLP_UP_HDR),
+    ("Write response beside an up completion beat (each up beat's ``wrsp`` field; valid only "
+     "on a completion's beats)", formats.WRSP_SIDE),
 ]
 
 

@@ -9,7 +9,9 @@ transaction layer does (PCI Express Base Specification 4.0, 2.4 "Transaction ord
   asked for the read (the MRd's ``after``): a read never passes an earlier posted write, so
   a client that has handed a write over may read the result back (the atomic unit does).
 * **up** (host -> NIC): read completions go to the read engine, write responses to the write
-  engine, by the kind in the first beat's header; always accepted.
+  engine, by the kind in the first beat's header, or beside a completion beat (its ``wrsp``
+  field, :data:`~hw.formats.WRSP_SIDE`: a write response takes no beat of its own while
+  completions flow); always accepted.
 
 Counters (one-cycle values for :mod:`hw.rnic.counters`): ``stat_down_bytes`` / ``stat_up_bytes``
 are the link bytes of the TLP whose first beat moves this cycle, header and framing included
@@ -61,7 +63,7 @@ class HostInterface(wiring.Component):
             "stat_mrd": Out(1),
             "stat_mwr": Out(1),
             "stat_cpld": Out(1),
-            "stat_err": Out(1),
+            "stat_err": Out(2),
             "stat_bad": Out(1),
             "q_reads": Out(range(n_tags + 1)),
             "q_writes": Out(range(write_outstanding + 1)),
@@ -131,14 +133,22 @@ class HostInterface(wiring.Component):
             with m.If(u_first):
                 m.d.sync += u_kind.eq(up.payload.hdr.kind)
         is_cpl = kind == CplKind.CPLD
+        # a write response: a beat of its own (WRRSP) or beside a completion beat (wrsp)
+        side = up.valid & is_cpl & up.payload.wrsp.valid
+        rsp = Signal.like(wre.rsp.payload)
+        m.d.comb += rsp.eq(up.payload.hdr)
+        with m.If(is_cpl):
+            m.d.comb += [rsp.kind.eq(CplKind.WRRSP), rsp.tag.eq(up.payload.wrsp.tag),
+                         rsp.status.eq(up.payload.wrsp.status)]
         m.d.comb += [
             rde.cpl.valid.eq(up.valid & is_cpl),
             rde.cpl.payload.eq(up.payload),
-            wre.rsp.valid.eq(up.valid & ~is_cpl & u_first),
-            wre.rsp.payload.eq(up.payload.hdr),
+            wre.rsp.valid.eq((up.valid & ~is_cpl & u_first) | side),
+            wre.rsp.payload.eq(rsp),
             self.stat_up_bytes.eq(Mux(up.valid & u_first, up_cost(up.payload.hdr, self.overhead), 0)),
             self.stat_cpld.eq(up.valid & u_first & is_cpl),
-            self.stat_err.eq(up.valid & u_first & (up.payload.hdr.status != TlpStatus.SC)),
+            self.stat_err.eq((up.valid & u_first & (up.payload.hdr.status != TlpStatus.SC))
+                             + (side & (up.payload.wrsp.status != TlpStatus.SC))),
             self.stat_bad.eq(rde.stat_bad | wre.stat_bad),
             self.q_reads.eq(rde.n_tags - rde.tags_free),
             self.q_writes.eq(wre.pending),

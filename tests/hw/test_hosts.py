@@ -398,3 +398,74 @@ def test_emitter_splits_like_the_model(W, cpl):
             exp.append((lo, ln, tlp_dwords(s, ln), int(i == len(parts) - 1),
                         tuple(((a - a % W) // W + k0 + j) * 1000 for j in range(nw))))
         assert tlps == exp, (a, n)
+
+
+@pytest.mark.parametrize("seed,p_up", [(1, 1.0), (2, 0.6)])
+def test_up_mux_write_responses_ride_on_completions(seed, p_up):
+    """The hosts' UpMux: completion beats pass in order and unchanged; every write response
+    arrives once, in order, beside a completion beat (``wrsp``) or as a WRRSP beat of its
+    own, and only as its own beat when no completion beat is offered; the stream rule
+    holds on ``up``. With completions always offered and ``up`` always ready, no response
+    takes a beat of its own."""
+    from hw.formats import CplKind
+    from hw.host.up_mux import UpMux
+    rng = random.Random(seed)
+    W = 8
+    dut = UpMux(W)
+    cpls = [(t, k, k == 2) for t in range(30) for k in range(3)]      # (tag, beat, last)
+    rsps = [(100 + i, rng.choice([TlpStatus.SC, TlpStatus.UR])) for i in range(40)]
+    always = p_up == 1.0
+    got_c, got_r, own = [], [], 0
+
+    async def tb(ctx):
+        nonlocal own
+        ci = ri = 0
+        prev = None
+        for cyc in range(2000):
+            c_v = ci < len(cpls) and (always or rng.random() < 0.7)
+            if prev is not None and prev[0]:       # an offered beat stays offered
+                c_v = ci < len(cpls)
+            ctx.set(dut.cpl.valid, c_v)
+            if ci < len(cpls):
+                t, k, last = cpls[ci]
+                ctx.set(dut.cpl.payload, {"hdr": {"kind": CplKind.CPLD, "tag": t, "last": last},
+                                          "data": k, "last": last})
+            r_v = ri < len(rsps) and (always or rng.random() < 0.5 or (prev and prev[1]))
+            ctx.set(dut.wrsp.valid, r_v)
+            if ri < len(rsps):
+                ctx.set(dut.wrsp.payload, {"tag": rsps[ri][0], "status": rsps[ri][1]})
+            ctx.set(dut.up.ready, rng.random() < p_up)
+            await ctx.delay(1e-9)
+            up_v, up_r = ctx.get(dut.up.valid), ctx.get(dut.up.ready)
+            p = ctx.get(dut.up.payload)
+            snap = (p.hdr.kind, int(p.hdr.tag), int(p.data), int(p.wrsp.valid), int(p.wrsp.tag))
+            if prev is not None and prev[2] and not prev[3]:
+                assert up_v and snap == prev[4], f"cycle {cyc}: up offer withdrawn or changed"
+            c_taken = ctx.get(dut.cpl.valid) and ctx.get(dut.cpl.ready)
+            r_taken = ctx.get(dut.wrsp.valid) and ctx.get(dut.wrsp.ready)
+            if up_v and up_r:
+                if p.hdr.kind == CplKind.WRRSP:
+                    own += 1
+                    # only when no completion beat was offered (or one was offered without
+                    # it, the response arriving later, and is done now)
+                    assert not c_v or not always, "a response took a beat of its own"
+                    got_r.append((int(p.hdr.tag), p.hdr.status))
+                else:
+                    got_c.append((int(p.hdr.tag), int(p.data), bool(p.last)))
+                    if p.wrsp.valid:
+                        got_r.append((int(p.wrsp.tag), p.wrsp.status))
+            prev = (c_v and not c_taken, r_v and not r_taken, up_v, up_r, snap)
+            ci += c_taken
+            ri += r_taken
+            await ctx.tick()
+        assert ci == len(cpls) and ri == len(rsps)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    assert got_c == [(t, k, last) for t, k, last in cpls]
+    assert got_r == rsps
+    if always:
+        # 40 responses, 90 completion beats always offered: the 30 that outlast them only
+        assert own == 0
