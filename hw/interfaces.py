@@ -24,7 +24,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from . import formats, regmap
+from . import formats
 
 __all__ = [
     "beat_layout", "BeatStream", "MmioSignature", "Lookup", "CtxLookup",

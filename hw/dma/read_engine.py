@@ -57,12 +57,12 @@ needs, so ``ring_words`` sized for ``k`` requests of ``max_len`` bytes holds few
 ``k`` unaligned ones at once (never fewer than one).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2, exact_log2
+from amaranth.utils import ceil_log2, exact_log2
 
 from ..lib.arbiter import round_robin_pick
 from ..formats import TLP_DOWN_HDR, TlpKind, TlpStatus

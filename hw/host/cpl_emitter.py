@@ -23,7 +23,7 @@ len: 13})``, ``word``: ``index: Out(range(max_words))``, ``en: Out(1)``, ``data:
 ``up: Out(TlpUp(W))``.
 """
 
-from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2

@@ -35,7 +35,6 @@ from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import exact_log2
 
 from ..formats import TLP_DOWN_HDR, TlpKind
 from ..interfaces import TlpDown, TlpUp
@@ -92,7 +91,6 @@ class PyHostPort(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         W = self.data_bytes
-        lw = exact_log2(W)
         m.d.sync += self.now.eq(self.now + 1)
 
         # ---- requests: collect a TLP's beats, hand it over whole ---------------------------

@@ -10,7 +10,7 @@ the register map (``hw.regmap.register_map``): its bus addresses are relative to
 
 from amaranth import *
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import In
 
 from ..interfaces import MmioSignature
 from ..lib.csr import window_addr_width

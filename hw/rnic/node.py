@@ -38,7 +38,7 @@ from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..lib.arbiter import PacketArbiter, StreamArbiter
+from ..lib.arbiter import PacketArbiter
 from .completion import Completion
 from ..config import NicConfig
 from .context import Context

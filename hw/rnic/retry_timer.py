@@ -40,7 +40,7 @@ requester), ``expire_valid: Out(1)``, ``expire_qpn: Out(qpn_bits)``, ``expire_rn
 
 import math
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Array, Const, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out

@@ -28,7 +28,6 @@ runs it on the Python host model (sim/host.py), ``HOST=rtl`` on the synthesizabl
 
 import csv
 import json
-import os
 import pathlib
 import statistics
 import time

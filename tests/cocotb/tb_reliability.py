@@ -17,7 +17,7 @@ import random
 import cocotb
 from cocotb.triggers import Timer
 
-from hw.formats import WrOpcode, WcStatus
+from hw.formats import WcStatus
 from sim.faults import LinkFaults
 from sim.harness import TwoNodes, ALL_ACCESS
 from sim.scoreboard import Scoreboard

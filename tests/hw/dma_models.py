@@ -15,7 +15,7 @@ Both keep their counters and logs on the object; both act once per clock in an
 import heapq
 import random
 
-from hw.formats import CplKind, TlpKind, TlpStatus
+from hw.formats import TlpKind
 from sim.host import HostMemory
 from sim.tlp_host import TlpHost
 

@@ -1,8 +1,6 @@
 """Unit tests of the doorbell registers (hw/rnic/doorbell.py) and the counters (hw/rnic/counters.py)."""
 
 import pytest
-from amaranth import *
-from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from hw.config import NicConfig

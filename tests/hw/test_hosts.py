@@ -20,7 +20,7 @@ from hw.dma.host_if import HostInterface
 from hw.dma.read_engine import split_reads
 from hw.formats import TlpStatus, tlp_cost, tlp_dwords
 from hw.host.cpl_emitter import CplEmitter
-from hw.host.host_side import HostSide, pcie_params
+from hw.host.host_side import HostSide
 from hw.host.pcie_link import PcieLink
 from hw.interfaces import DmaReadPort, DmaWritePort
 from sim.host import HostMemory

@@ -242,7 +242,7 @@ def test_response_check_against_model():
 # ---- a QP's eligibility (hw/rnic/send_engine.py may_issue) and the engines' parameters
 
 def test_may_issue_against_model():
-    from amaranth.hdl import Module, Signal
+    from amaranth.hdl import Module
     from amaranth.lib import data, wiring
     from amaranth.lib.wiring import In, Out
 

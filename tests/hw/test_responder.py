@@ -20,7 +20,7 @@ from hw.formats import (BthOpcode as Op, AethSyndrome as Syn, Access, QpState, W
                         PKT_META, RECV_WQE, MR_ENTRY, CQE, CQE_FLAG_IMM, pack, unpack)
 from hw.interfaces import QP_LOOKUP
 from hw.regmap import QP_CTX, mkey_index
-from hw.rnic.responder import Responder, RNR_TIMER, READ_DMA_TAG
+from hw.rnic.responder import Responder, RNR_TIMER
 
 CFG = NicConfig(data_bytes=8, mtu=256, n_qps=4, n_mrs=4, n_cqs=4)
 NODE = 7
