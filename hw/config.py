@@ -357,13 +357,13 @@ class SystemConfig:
 # on its port, so a CQE every 2.25 cycles (111 Mops, one completion each) needs more than two
 # in flight (Little's law); with 2 the completion engine capped both peaks at about 59 Mops.
 # Chosen from the mechanism, not fitted to a figure.
-# fetch_depth 16 (per processing unit): a WQE batch is in flight from its fetch's issue until
-# the send engine has sent it, at best about 140 cycles (a DMA read of about 110, the context
-# lookup, the wait for the send engine), and a unit doing its share of 111 Mops (0.11 WQEs
-# per cycle with four units) in batches of about three WQEs (the READ peak's, the READ budget
-# left limiting them) needs a batch every 26 cycles: more than five in flight (Little's law);
-# with 4 the four-unit READ peak had 14.8 of its 16 in flight (74 Mops). 16, the field's
-# largest value, was measured (docs/performance.md). Chosen from the mechanism, not fitted.
+# fetch_depth stays 4 per processing unit: four units need more than five batches in flight
+# each (a batch is in flight at best about 140 cycles, and a unit's share of 111 Mops needs
+# one every 26 cycles; with 4 the four-unit READ peak kept 14.8 of its 16 in flight), but
+# with one unit 16 lets the send engine outrun the response engine: WRITEs pile up to the
+# tracker's 32 per QP, 1,536 on 48 pairs, more than the WQE cache's 1,024 entries, and the
+# misses stall the response engine (the 8-byte WRITE peak fell from 22 to 4 Mops, 2,892 of
+# 6,144 lookups missed; docs/performance.md). The four-unit runs give fetch_depth 16.
 _CONNECTX6 = SystemConfig(
     name="connectx6",
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=1024, n_cqs=64, n_mrs=16,
@@ -371,7 +371,7 @@ _CONNECTX6 = SystemConfig(
                   pipeline_ns=114.75, mr_cache_sets=8, mr_cache_ways=2,
                   cq_cache_sets=32, cq_cache_ways=2, qp_cache_sets=64, qp_cache_ways=4,
                   wqe_cache_sets=256, wqe_cache_ways=4, desc_depth=32, dma_tags=256,
-                  dma_write_outstanding=256, cq_lookups=4, fetch_depth=16),
+                  dma_write_outstanding=256, cq_lookups=4),
     host=HostConfig(pcie_ns=150.0, host_mem_ns=100.0, pcie_gbps=128.0, mmio_ns=150.0),
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration=("pipeline_ns: 8-byte READ, 12 QPs x depth 1 closed loop at 5.103 Mops, i.e. a "
