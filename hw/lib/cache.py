@@ -24,9 +24,10 @@ Structure (one entry is one cache line):
 Requests are taken one at a time by one state machine, so the memories see no hazard (each
 request reads a tag row and writes it back before the next is looked at). A READ hit takes
 two cycles of the state machine (the tag compare, then the data read, in whose cycle the
-next request's tag row is read) and answers three cycles after it was taken; responses
-leave through a FIFO (``RESP_DEPTH``), so the cache goes on while a client has not taken
-its answer yet (it takes a request only while its answer will have room). A request that
+next request's tag row is read) and answers two cycles after it was taken (in the data
+read's cycle, if no earlier answer waits and the client is ready); answers the client does
+not take at once wait in a FIFO (``RESP_DEPTH``), so the cache goes on while a client has
+not taken its answer yet (it takes a request only while its answer will have room). A request that
 cannot go on *waits at the head of the queue* (counted in ``stalls``, one per retry): a READ
 or WRITE or INVAL of a key whose fill is still pending (a lookup racing its own fill: it
 hits once the fill is installed), a miss of a key still in the write-back buffer (its host
@@ -343,10 +344,18 @@ class SetAssocCache(wiring.Component):
         # one); ``resp`` holds a response made in LOOK until RESP pushes it. A request or
         # a fill is taken only while the FIFO has room for its response and the one being
         # pushed in the same cycle.
+        # A response made while the FIFO is empty and the client is ready goes straight to
+        # the client (no cycle in the FIFO): a READ hit answers two cycles after it was taken.
         resp = Signal(self.resp_layout)
         m.submodules.resp_fifo = rfifo = SyncFIFO(width=self.resp_layout.size, depth=RESP_DEPTH)
-        m.d.comb += [self.resp.payload.eq(rfifo.r_data), self.resp.valid.eq(rfifo.r_rdy),
-                     rfifo.r_en.eq(self.resp.ready)]
+        push = Signal()                         # a response is made this cycle ...
+        push_data = Signal(self.resp_layout)    # ... this one
+        bypass = Signal()
+        m.d.comb += [bypass.eq(push & ~rfifo.r_rdy & self.resp.ready),
+                     self.resp.valid.eq(rfifo.r_rdy | push),
+                     self.resp.payload.eq(Mux(rfifo.r_rdy, rfifo.r_data, push_data)),
+                     rfifo.r_en.eq(self.resp.ready),
+                     rfifo.w_data.eq(push_data), rfifo.w_en.eq(push & ~bypass)]
         room = Signal()
         m.d.comb += room.eq(rfifo.level < RESP_DEPTH - 1)
 
@@ -538,13 +547,13 @@ class SetAssocCache(wiring.Component):
                 hit_resp = Signal(self.resp_layout)
                 m.d.comb += [hit_resp.op.eq(CacheOp.READ), hit_resp.id.eq(cur.id),
                              hit_resp.hit.eq(1), hit_resp.data.eq(line_rd.data),
-                             rfifo.w_data.eq(hit_resp), rfifo.w_en.eq(1)]
+                             push_data.eq(hit_resp), push.eq(1)]
                 take()
             with m.State("WAIT_WB"):
                 with m.If(~wb_busy):
                     m.next = "RESP"
             with m.State("RESP"):
-                m.d.comb += [rfifo.w_data.eq(resp), rfifo.w_en.eq(1)]
+                m.d.comb += [push_data.eq(resp), push.eq(1)]
                 m.next = "IDLE"
 
         # The line read in LOOK (a dirty victim) arrives the cycle after: into the buffer.

@@ -22,7 +22,8 @@ Deadlock freedom (hw/rnic/requester.py, rule 1): the engine never waits on the t
 or the send engine, only on ``wr`` (the host always drains writes), ``cqe`` and ``err``.
 
 States: R_IDLE (take a response, or a payload error), R_LOOK / R_INFO (the head message's
-WQE fields), R_ACK (classify and act), R_DATA (READ data to host memory), R_ATOMIC (the
+WQE fields), R_ACK (classify and act; a READ response's first beat goes to host memory in
+the same cycle), R_DATA (the rest of the READ data), R_ATOMIC (the
 original value), R_DONE (an empty READ response completes; R_DATA and R_ATOMIC complete
 their message with its last write), R_CQE (and, as the CQE leaves, take the next response),
 R_ERR, R_PERR, R_DROP / R_BAD_DROP (the payload of a dropped response).
@@ -134,6 +135,9 @@ class ResponseEngine(wiring.Component):
         rinfo = Signal(WQE_INFO)     # the head message's WQE fields (from the WQE cache)
         rinfo_ok = Signal()          # rinfo holds the fields of WQE rinfo_idx of rcur
         rinfo_idx = Signal(16)
+        in_info = Signal()           # R_INFO: the WQE fields arrive on the lookup's answer
+        info = Signal(WQE_INFO)      # the head message's WQE fields as R_ACK's work sees them
+        m.d.comb += info.eq(Mux(in_info, self.info.resp.payload.info, rinfo))
 
         # the tracker slot: a payload error names its message's (perr.slot), else the head
         in_perr = Signal()
@@ -146,9 +150,11 @@ class ResponseEngine(wiring.Component):
 
         m.submodules.check = chk = ResponseCheck(cfg.mtu)
         m.d.comb += [chk.rxm.eq(rxm), chk.head.eq(rent), chk.nonempty.eq(rnonempty),
-                     chk.length.eq(rinfo.length), chk.hi_psn.eq(v.hi_psn)]
+                     chk.length.eq(info.length), chk.hi_psn.eq(v.hi_psn)]
         rc = chk.o
         syn = rxm.syndrome
+        rx_addr_now = Signal(64)     # where a READ response's data go
+        m.d.comb += rx_addr_now.eq(info.local_addr + rc.rx_off)
 
         # the head message's WQE fields; the lookup that completes the message frees them
         lk = self.info
@@ -192,18 +198,135 @@ class ResponseEngine(wiring.Component):
             with m.Else():
                 m.next = "R_IDLE"
 
-        def done():
+        def write_beat(addr):
+            """Offer the response's next payload beat to host memory at ``addr`` (the
+            packet's place); true in the cycle its last beat is taken."""
+            beat = self.rx.payload
+            m.d.comb += [
+                wr.valid.eq(beat.valid),
+                wr.payload.addr.eq(addr),
+                wr.payload.len.eq(rxm.paylen),
+                wr.payload.tag.eq(rcur),
+                wr.payload.data.eq(beat.payload.data),
+                wr.payload.nbytes.eq(beat.payload.nbytes),
+                wr.payload.last.eq(beat.payload.last),
+                beat.ready.eq(wr.ready),
+            ]
+            return beat.valid & wr.ready & beat.payload.last
+
+        def done(complete=rx_complete):
             """The response's data are written: a READ / atomic that completes is popped, its
             credit given back and its CQE (silent if unsignaled: it still passes the write
             gate, so that a failed data write completes it in error) goes to R_CQE."""
-            with m.If(rx_complete):
+            with m.If(complete):
                 m.d.comb += [ev.pop.eq(1), ev.progress.eq(1), ev.rd_dec.eq(1)]
-                m.d.sync += set_cqe(rcqe_reg, rcur, rinfo.wr_id, 0, rent.opcode,
+                m.d.sync += set_cqe(rcqe_reg, rcur, info.wr_id, 0, rent.opcode,
                                     Mux(rent.opcode == WrOpcode.RDMA_READ.value,
-                                        rinfo.length, 8))
+                                        info.length, 8))
                 m.d.sync += [rcqe_ret_ack.eq(0), rcqe_silent.eq(~rent.signaled)]
                 m.next = "R_CQE"
             with m.Else():
+                m.next = "R_IDLE"
+
+        def act():
+            """R_ACK's work (also R_INFO's, in the cycle the WQE fields arrive): classify
+            the response against the head message and act on it."""
+            with m.If(rc.ack_ghost):
+                m.d.comb += self.stat_resp_drop.eq(1)
+                m.next = "R_IDLE"
+            with m.Elif(rc.head_ws & rc.ack_covers):
+                # implicit or explicit acknowledgement of a WRITE/SEND
+                m.d.comb += [ev.pop.eq(1), ev.progress.eq(1)]
+                # an ACK of exactly this message's last PSN covers no later one: the
+                # next response is taken at once (else R_LOOK: the next message, if the
+                # ACK covers it)
+                more = rxm.psn != rent.last_psn
+                with m.If(rent.signaled):
+                    m.d.sync += set_cqe(rcqe_reg, rcur, info.wr_id, 0, rent.opcode,
+                                        info.length)
+                    m.d.sync += [rcqe_ret_ack.eq(more), rcqe_silent.eq(0)]
+                    m.next = "R_CQE"
+                with m.Elif(more):
+                    m.next = "R_LOOK"
+                with m.Else():
+                    take()
+            with m.Elif(rc.is_seq_nak):
+                # PSN sequence error: go back to the oldest outstanding message (once
+                # per retransmission: later NAKs of the same gap are ignored)
+                m.d.comb += self.stat_nak_rx.eq(1)
+                # A NAK that shows the responder further inside the head WRITE/SEND
+                # than known is taken even during a retransmission: it is about the
+                # retransmitted packets, not a second NAK of the gap already rewound.
+                with m.If(rnonempty & (~v.rtx_started | rc.nak_more) & ~v.rnr_wait):
+                    # the responder got part of a WRITE/SEND (it expects a PSN inside
+                    # the message): progress, not counted against retry_cnt
+                    inside = rc.head_ws & (rxm.psn != rent.first_psn)
+                    m.d.comb += [*rewind(~inside), ev.retry_clear.eq(inside)]
+                    with m.If(rc.nak_more):
+                        # the rewind resends from the NAK's PSN
+                        m.d.comb += [self.trk_we.eq(1), self.trk_wdata.eq(rent),
+                                     self.trk_wdata.rcv.eq(rc.nak_off)]
+                m.next = "R_IDLE"
+            with m.Elif(rc.is_rnr & (~rnonempty | v.rnr_wait)):
+                m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1)]
+                m.next = "R_IDLE"
+            with m.Elif(rc.is_rnr & ((v.rnr_used != v.rnr_retry) | (v.rnr_retry == 7))):
+                # RNR NAK (IBA 9.7.5.2.8): wait the coded time, then retransmit
+                m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1), ev.rnr.eq(1)]
+                m.next = "R_IDLE"
+            with m.Elif(rc.is_nak):
+                # a fatal NAK, or an RNR NAK with rnr_retry exhausted
+                m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(rc.is_rnr),
+                             self.stat_retry_exc.eq(rc.is_rnr & rnonempty)]
+                with m.If(rnonempty):
+                    m.d.comb += fail(rc.nak_status)
+                    m.next = "R_ERR"
+                with m.Else():
+                    m.next = "R_IDLE"
+            with m.Elif(rc.implied_nak):
+                with m.If(~v.rtx_started & ~v.rnr_wait):
+                    m.d.comb += rewind(1)
+                m.next = "R_IDLE"
+            with m.Elif(rc.is_ack):
+                m.next = "R_IDLE"
+            with m.Elif(rc.bad_resp):
+                m.d.comb += [self.stat_resp_drop.eq(1), *fail(WcStatus.BAD_RESP_ERR.value)]
+                with m.If(rxm.paylen != 0):
+                    m.next = "R_BAD_DROP"
+                with m.Else():
+                    m.next = "R_ERR"
+            with m.Elif(rc.is_rresp & rc.rresp_match):
+                # count the packet in the head entry (the next one must follow it)
+                m.d.comb += [self.trk_we.eq(1), self.trk_wdata.eq(rent),
+                             self.trk_wdata.rcv.eq(rent.rcv + 1), ev.progress.eq(1)]
+                m.d.sync += [rx_addr.eq(rx_addr_now), rx_complete.eq(rc.rresp_end)]
+                with m.If(rxm.paylen != 0):
+                    # the first beat goes to host memory in this cycle if it is there
+                    # (a one-beat response costs no R_DATA cycle)
+                    with m.If(write_beat(rx_addr_now)):
+                        done(rc.rresp_end)
+                    with m.Else():
+                        m.next = "R_DATA"
+                with m.Else():
+                    m.next = "R_DONE"
+            with m.Elif(rc.is_rresp & rc.rresp_gap):
+                # a READ response packet was lost: retransmit without waiting for the
+                # timeout
+                m.d.comb += self.stat_resp_drop.eq(1)
+                with m.If(~v.rtx_started & ~v.rnr_wait):
+                    m.d.comb += rewind(1)
+                with m.If(rxm.paylen != 0):
+                    m.next = "R_DROP"
+                with m.Else():
+                    m.next = "R_IDLE"
+            with m.Elif(rc.is_aack & rc.aack_match):
+                m.d.sync += [rx_addr.eq(info.local_addr), rx_complete.eq(1)]
+                m.next = "R_ATOMIC"
+            with m.Elif(rxm.paylen != 0):
+                m.d.comb += self.stat_resp_drop.eq(1)
+                m.next = "R_DROP"
+            with m.Else():
+                m.d.comb += self.stat_resp_drop.eq(~rc.is_ack)
                 m.next = "R_IDLE"
 
         with m.FSM(name="resp") as fsm:
@@ -221,7 +344,7 @@ class ResponseEngine(wiring.Component):
                     m.next = "R_ACK"
 
             with m.State("R_INFO"):
-                m.d.comb += [self.busy.eq(1), lk.resp.ready.eq(1)]
+                m.d.comb += [self.busy.eq(1), lk.resp.ready.eq(1), in_info.eq(1)]
                 with m.If(lk.resp.valid):
                     m.d.sync += rinfo.eq(lk.resp.payload.info)
                     with m.If(lk.resp.payload.err):
@@ -234,8 +357,9 @@ class ResponseEngine(wiring.Component):
                         with m.Else():
                             m.next = "R_ERR"
                     with m.Else():
+                        # R_ACK's work in this cycle, on the fields just arrived
                         m.d.sync += rinfo_ok.eq(1)
-                        m.next = "R_ACK"
+                        act()
 
             with m.State("R_ACK"):
                 m.d.comb += self.busy.eq(1)
@@ -243,108 +367,12 @@ class ResponseEngine(wiring.Component):
                     # the head changed since R_LOOK (the send engine put a message into the
                     # empty queue, e.g. one sent again after a rewind): look its WQE up
                     m.next = "R_LOOK"
-                with m.Elif(rc.ack_ghost):
-                    m.d.comb += self.stat_resp_drop.eq(1)
-                    m.next = "R_IDLE"
-                with m.Elif(rc.head_ws & rc.ack_covers):
-                    # implicit or explicit acknowledgement of a WRITE/SEND
-                    m.d.comb += [ev.pop.eq(1), ev.progress.eq(1)]
-                    with m.If(rent.signaled):
-                        m.d.sync += set_cqe(rcqe_reg, rcur, rinfo.wr_id, 0, rent.opcode,
-                                            rinfo.length)
-                        m.d.sync += [rcqe_ret_ack.eq(1), rcqe_silent.eq(0)]
-                        m.next = "R_CQE"
-                    with m.Else():
-                        m.next = "R_LOOK"      # the next message, if the ACK covers it
-                with m.Elif(rc.is_seq_nak):
-                    # PSN sequence error: go back to the oldest outstanding message (once
-                    # per retransmission: later NAKs of the same gap are ignored)
-                    m.d.comb += self.stat_nak_rx.eq(1)
-                    # A NAK that shows the responder further inside the head WRITE/SEND
-                    # than known is taken even during a retransmission: it is about the
-                    # retransmitted packets, not a second NAK of the gap already rewound.
-                    with m.If(rnonempty & (~v.rtx_started | rc.nak_more) & ~v.rnr_wait):
-                        # the responder got part of a WRITE/SEND (it expects a PSN inside
-                        # the message): progress, not counted against retry_cnt
-                        inside = rc.head_ws & (rxm.psn != rent.first_psn)
-                        m.d.comb += [*rewind(~inside), ev.retry_clear.eq(inside)]
-                        with m.If(rc.nak_more):
-                            # the rewind resends from the NAK's PSN
-                            m.d.comb += [self.trk_we.eq(1), self.trk_wdata.eq(rent),
-                                         self.trk_wdata.rcv.eq(rc.nak_off)]
-                    m.next = "R_IDLE"
-                with m.Elif(rc.is_rnr & (~rnonempty | v.rnr_wait)):
-                    m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1)]
-                    m.next = "R_IDLE"
-                with m.Elif(rc.is_rnr & ((v.rnr_used != v.rnr_retry) | (v.rnr_retry == 7))):
-                    # RNR NAK (IBA 9.7.5.2.8): wait the coded time, then retransmit
-                    m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(1), ev.rnr.eq(1)]
-                    m.next = "R_IDLE"
-                with m.Elif(rc.is_nak):
-                    # a fatal NAK, or an RNR NAK with rnr_retry exhausted
-                    m.d.comb += [self.stat_nak_rx.eq(1), self.stat_rnr_rx.eq(rc.is_rnr),
-                                 self.stat_retry_exc.eq(rc.is_rnr & rnonempty)]
-                    with m.If(rnonempty):
-                        m.d.comb += fail(rc.nak_status)
-                        m.next = "R_ERR"
-                    with m.Else():
-                        m.next = "R_IDLE"
-                with m.Elif(rc.implied_nak):
-                    with m.If(~v.rtx_started & ~v.rnr_wait):
-                        m.d.comb += rewind(1)
-                    m.next = "R_IDLE"
-                with m.Elif(rc.is_ack):
-                    m.next = "R_IDLE"
-                with m.Elif(rc.bad_resp):
-                    m.d.comb += [self.stat_resp_drop.eq(1), *fail(WcStatus.BAD_RESP_ERR.value)]
-                    with m.If(rxm.paylen != 0):
-                        m.next = "R_BAD_DROP"
-                    with m.Else():
-                        m.next = "R_ERR"
-                with m.Elif(rc.is_rresp & rc.rresp_match):
-                    # count the packet in the head entry (the next one must follow it)
-                    m.d.comb += [self.trk_we.eq(1), self.trk_wdata.eq(rent),
-                                 self.trk_wdata.rcv.eq(rent.rcv + 1), ev.progress.eq(1)]
-                    m.d.sync += [rx_addr.eq(rinfo.local_addr + rc.rx_off),
-                                 rx_complete.eq(rc.rresp_end)]
-                    with m.If(rxm.paylen != 0):
-                        m.next = "R_DATA"
-                    with m.Else():
-                        m.next = "R_DONE"
-                with m.Elif(rc.is_rresp & rc.rresp_gap):
-                    # a READ response packet was lost: retransmit without waiting for the
-                    # timeout
-                    m.d.comb += self.stat_resp_drop.eq(1)
-                    with m.If(~v.rtx_started & ~v.rnr_wait):
-                        m.d.comb += rewind(1)
-                    with m.If(rxm.paylen != 0):
-                        m.next = "R_DROP"
-                    with m.Else():
-                        m.next = "R_IDLE"
-                with m.Elif(rc.is_aack & rc.aack_match):
-                    m.d.sync += [rx_addr.eq(rinfo.local_addr), rx_complete.eq(1)]
-                    m.next = "R_ATOMIC"
-                with m.Elif(rxm.paylen != 0):
-                    m.d.comb += self.stat_resp_drop.eq(1)
-                    m.next = "R_DROP"
                 with m.Else():
-                    m.d.comb += self.stat_resp_drop.eq(~rc.is_ack)
-                    m.next = "R_IDLE"
+                    act()
 
             with m.State("R_DATA"):
-                beat = self.rx.payload
-                m.d.comb += [
-                    self.busy.eq(1),
-                    wr.valid.eq(beat.valid),
-                    wr.payload.addr.eq(rx_addr),
-                    wr.payload.len.eq(rxm.paylen),
-                    wr.payload.tag.eq(rcur),
-                    wr.payload.data.eq(beat.payload.data),
-                    wr.payload.nbytes.eq(beat.payload.nbytes),
-                    wr.payload.last.eq(beat.payload.last),
-                    beat.ready.eq(wr.ready),
-                ]
-                with m.If(beat.valid & wr.ready & beat.payload.last):
+                m.d.comb += self.busy.eq(1)
+                with m.If(write_beat(rx_addr)):
                     done()
 
             with m.State("R_ATOMIC"):
