@@ -113,6 +113,7 @@ class World:
         self.msg_count = {}
         self.unacked = {}                 # q -> psn of the last unacknowledged message
         self.resp = deque()               # (ready time, meta, payload)
+        self.rx_from = 0                  # no response is delivered before this cycle
         self.rx_log = []                  # (time, meta) accepted by the DUT
         self.cqes = []
         self.set_err = []
@@ -432,7 +433,8 @@ def run(world, script, max_cycles=20000):
     async def rx(ctx):
         while True:
             # the oldest response that is due (one delivered late lets later ones pass it)
-            due = next((k for k, r in enumerate(world.resp) if r[0] <= world.t), None)
+            due = next((k for k, r in enumerate(world.resp)
+                        if max(r[0], world.rx_from) <= world.t), None)
             if due is None:
                 await ctx.tick()
                 continue
@@ -1515,6 +1517,39 @@ def test_responses_while_tx_blocked():
         assert world.get(world.host, rd_dst, 700) == world.get(world.remote, 0x801000, 700)
     assert int.from_bytes(world.get(world.host, GOOD["base"] + 0xF000, 8), "little") == \
         int.from_bytes(world.get(world.remote, 0x802000, 8), "little") - 9
+
+
+@pytest.mark.parametrize("op", [O.RDMA_READ, O.RDMA_WRITE])
+def test_responses_back_to_back(op):
+    """Responses that wait at the requester's input are handled back to back, a one-beat
+    READ response or the ACK of a signaled WRITE every four cycles: the take, the head
+    message's WQE-cache lookup, its answer (in whose cycle the response is checked, the
+    READ data written and the message popped), the CQE (in whose cycle the next response is
+    taken). Held back until everything is sent, 32 responses of four QPs then arrive as fast
+    as the engine takes them."""
+    world = World(CFG, 23, bp=0.0, resp_lat=10)
+    world.rx_from = 4000
+    setup_memory(world, random.Random(23))
+    qps = (0, 1, 2, 3)
+    plan = {q: [wqe(op, 8, SIG, local=GOOD["base"] + 0x8000 + 0x100 * (8 * q + k),
+                    remote=0x800000 + 0x100 * (8 * q + k)) for k in range(8)] for q in qps}
+
+    async def script(ctx, world, event, wait):
+        for q in qps:
+            await event(q, formats.QpState.RTS.value, 0)
+        for q in qps:
+            for w in plan[q]:
+                world.post(q, w)
+            world.ring(q)
+        await wait(lambda: len(world.cqes) >= 32, limit=8000)
+
+    run(world, script, max_cycles=10000)
+    for q in qps:
+        check_success(world, q, plan[q])
+    times = [t for t, _ in world.rx_log]
+    assert len(times) == 32 and times[0] >= world.rx_from
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    assert gaps[len(gaps) // 2] <= 4, gaps
 
 
 def test_wqe_fetches_overlap_random_bp():
