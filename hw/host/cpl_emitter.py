@@ -60,8 +60,12 @@ class CplEmitter(wiring.Component):
         req = self.req.payload
         up = self.up
 
-        lo = Signal(13)            # bytes of the request already sent
-        widx = Signal(range(self.max_words + 1))   # next word to fetch
+        lo_r = Signal(13)          # bytes of the request already sent
+        widx_r = Signal(range(self.max_words + 1))   # next word to fetch
+        start = Signal()           # IDLE: a new request, nothing of it sent yet
+        lo = Signal(13)
+        widx = Signal(range(self.max_words + 1))
+        m.d.comb += [lo.eq(Mux(start, 0, lo_r)), widx.eq(Mux(start, 0, widx_r))]
         left = Signal(range(self.cpl_bytes // W + 2))   # words of this completion still to fetch
         a = Signal(13)
         m.d.comb += a.eq(req.addr + lo)                # address (low bits) of the part
@@ -85,8 +89,32 @@ class CplEmitter(wiring.Component):
         with m.If(up.ready):
             m.d.sync += o_v.eq(0)
 
+        def part():
+            """The first word of a completion: its header goes with it."""
+            m.d.comb += self.word.en.eq(1)
+            m.d.sync += [
+                o_v.eq(1), o_last.eq(nwords == 1),
+                o_hdr.kind.eq(CplKind.CPLD), o_hdr.tag.eq(req.tag),
+                o_hdr.status.eq(TlpStatus.SC), o_hdr.lo.eq(lo), o_hdr.len.eq(n),
+                o_hdr.dw.eq((a[:2] + n + 3) >> 2), o_hdr.last.eq(part_last),
+                widx_r.eq(widx + 1), left.eq(nwords - 1),
+                lo_r.eq(lo + n),
+            ]
+            # a part other than the last ends on a cpl_bytes (hence word) boundary, so the
+            # next part starts with the next word
+            with m.If(nwords == 1):
+                with m.If(part_last):
+                    m.d.comb += self.req.ready.eq(1)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.next = "PART"
+            with m.Else():
+                m.next = "WORDS"
+
         with m.FSM():
             with m.State("IDLE"):
+                # a request's first part leaves in the cycle it is taken: a one-word read
+                # costs one cycle, and requests follow each other without a gap
                 with m.If(self.req.valid & free):
                     with m.If(req.status != TlpStatus.SC):
                         # one completion, no data, ends the request
@@ -95,32 +123,15 @@ class CplEmitter(wiring.Component):
                                      o_hdr.status.eq(req.status), o_hdr.last.eq(1)]
                         m.d.comb += self.req.ready.eq(1)
                     with m.Else():
-                        m.d.sync += [lo.eq(0), widx.eq(0)]
-                        m.next = "PART"
+                        m.d.comb += start.eq(1)
+                        part()
             with m.State("PART"):
-                # first word of a completion: its header goes with it
                 with m.If(free):
-                    m.d.comb += self.word.en.eq(1)
-                    m.d.sync += [
-                        o_v.eq(1), o_last.eq(nwords == 1),
-                        o_hdr.kind.eq(CplKind.CPLD), o_hdr.tag.eq(req.tag),
-                        o_hdr.status.eq(TlpStatus.SC), o_hdr.lo.eq(lo), o_hdr.len.eq(n),
-                        o_hdr.dw.eq((a[:2] + n + 3) >> 2), o_hdr.last.eq(part_last),
-                        widx.eq(widx + 1), left.eq(nwords - 1),
-                        lo.eq(lo + n),
-                    ]
-                    # a part other than the last ends on a cpl_bytes (hence word) boundary, so
-                    # the next part starts with the next word
-                    with m.If(nwords == 1):
-                        with m.If(part_last):
-                            m.d.comb += self.req.ready.eq(1)
-                            m.next = "IDLE"
-                    with m.Else():
-                        m.next = "WORDS"
+                    part()
             with m.State("WORDS"):
                 with m.If(free):
                     m.d.comb += self.word.en.eq(1)
-                    m.d.sync += [o_v.eq(1), o_last.eq(left == 1), widx.eq(widx + 1),
+                    m.d.sync += [o_v.eq(1), o_last.eq(left == 1), widx_r.eq(widx + 1),
                                  left.eq(left - 1)]
                     with m.If(left == 1):
                         # lo was advanced when the part started: lo == len means done

@@ -22,12 +22,13 @@ Structure (one entry is one cache line):
   empties; the victim way is free at once.
 
 Requests are taken one at a time by one state machine, so the memories see no hazard (each
-request reads a tag row and writes it back before the next is looked at). A READ hit takes
-two cycles of the state machine (the tag compare, then the data read, in whose cycle the
-next request's tag row is read) and answers two cycles after it was taken (in the data
-read's cycle, if no earlier answer waits and the client is ready); answers the client does
-not take at once wait in a FIFO (``RESP_DEPTH``), so the cache goes on while a client has
-not taken its answer yet (it takes a request only while its answer will have room). A request that
+request reads a tag row and writes it back before the next is looked at). A READ hit, a
+WRITE, a FILL and an INVAL of a clean entry take two cycles of the state machine each (the
+tag compare, then the data read or the answer, in whose cycle the next request's tag row is
+read); a READ hit answers two cycles after it was taken (in the data read's cycle, if no
+earlier answer waits and the client is ready). Answers the client does not take at once
+wait in a FIFO (``RESP_DEPTH``), so the cache goes on while a client has not taken its
+answer yet (it takes a request only while its answer will have room). A request that
 cannot go on *waits at the head of the queue* (counted in ``stalls``, one per retry): a READ
 or WRITE or INVAL of a key whose fill is still pending (a lookup racing its own fill: it
 hits once the fill is installed), a miss of a key still in the write-back buffer (its host
@@ -553,8 +554,10 @@ class SetAssocCache(wiring.Component):
                 with m.If(~wb_busy):
                     m.next = "RESP"
             with m.State("RESP"):
+                # the answer of a WRITE, FILL, INVAL or a miss's fill leaves; the next
+                # request is taken in the same cycle (as after a hit's READ_DATA)
                 m.d.comb += [push_data.eq(resp), push.eq(1)]
-                m.next = "IDLE"
+                take()
 
         # The line read in LOOK (a dirty victim) arrives the cycle after: into the buffer.
         with m.If(wb_load):

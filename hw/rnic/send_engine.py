@@ -25,6 +25,12 @@ both engines in one cycle: the engine says what it does (``rd_inc``, ``fence_set
 comes in on ``ent``; the engine's tracker writes lose to the response engine's
 (``rx_trk_we``: it retries the next cycle).
 
+A WQE with a local buffer, nothing waiting, costs four cycles: FETCH_WAIT (taken, its lkey's
+MR entry asked for), two in MR_RESP (the MR cache's answer; in its cycle the WQE is checked
+and enters the tracker and the WQE cache, CHECK's work, CHECK itself only when a port makes it
+wait), one in SEND_META per packet (the header queued, the payload read asked for; after the
+last packet the next WQE is taken).
+
 Deadlock freedom (hw/rnic/requester.py): the engine may wait on the transmit path and on
 payload-buffer room (SEND_META) for as long as it takes, since nothing of the response path
 waits for it; it keeps off the QP the response engine works on (``rx_busy``, ``rcur``).
@@ -253,7 +259,14 @@ class SendEngine(wiring.Component):
 
         # ---------------- local checks on the fetched WQE (hw/rnic/wqe_check.py)
         m.submodules.wqe_check = chk = WqeCheck(cfg.mtu)
-        m.d.comb += [chk.wqe.eq(wqe), chk.wqe_err.eq(wqe_err), chk.mr.eq(mr), chk.pd.eq(ctx.pd)]
+        # the lkey's entry: as it arrives in MR_RESP (an entry that could not be read is no
+        # valid entry: LOC_PROT_ERR), else as kept
+        in_mr = Signal()
+        mr_now = Signal(formats.MR_ENTRY)
+        m.d.comb += mr_now.eq(Mux(in_mr, Mux(self.mr.resp.payload.err, 0,
+                                              self.mr.resp.payload.data), mr))
+        m.d.comb += [chk.wqe.eq(wqe), chk.wqe_err.eq(wqe_err), chk.mr.eq(mr_now),
+                     chk.pd.eq(ctx.pd)]
         op = wqe.opcode
         known, is_atomic, is_read, is_write = chk.op.known, chk.op.atomic, chk.op.read, chk.op.write
         single = chk.op.single       # READ / atomic: one packet, no payload
@@ -494,13 +507,6 @@ class SendEngine(wiring.Component):
                     with m.Else():
                         m.next = "CHECK"
 
-            with m.State("MR_RESP"):
-                m.d.comb += [self.mr.resp.ready.eq(1)]
-                with m.If(self.mr.resp.valid):
-                    # an entry that could not be read is no valid entry: LOC_PROT_ERR
-                    m.d.sync += mr.eq(Mux(self.mr.resp.payload.err, 0,
-                                          self.mr.resp.payload.data))
-                    m.next = "CHECK"
 
             def next_wqe():
                 # next WQE of the batch if the QP may still issue, else drop the rest
@@ -522,7 +528,9 @@ class SendEngine(wiring.Component):
                     with m.If(batch_left == 1):
                         m.next = "IDLE"
 
-            with m.State("CHECK"):
+            def check():
+                """CHECK's work (also MR_RESP's, in the cycle the lkey's entry arrives): the
+                WQE enters the tracker and the WQE cache, or fails, or waits for a port."""
                 with m.If(flushing):
                     op3 = Mux(known & ~wqe_err, op[:3], 7)
                     m.d.sync += set_cqe(cqe_reg, cur, Mux(wqe_err, 0, wqe.wr_id),
@@ -608,6 +616,18 @@ class SendEngine(wiring.Component):
                         m.d.comb += tx("qlim", cur, rd_lim)
                     m.next = "SEND_META"
 
+            with m.State("CHECK"):
+                check()
+
+            with m.State("MR_RESP"):
+                m.d.comb += [self.mr.resp.ready.eq(1), in_mr.eq(1)]
+                with m.If(self.mr.resp.valid):
+                    # CHECK's work in this cycle, on the entry just arrived (kept in mr for
+                    # a retry in CHECK)
+                    m.d.sync += mr.eq(mr_now)
+                    m.next = "CHECK"
+                    check()
+
             with m.State("SEND_META"):
                 # queue the header and request the payload (if the buffer has room for it);
                 # may wait here on tx for as long as it takes: the response FSM goes on
@@ -621,19 +641,15 @@ class SendEngine(wiring.Component):
                 m.d.sync += [meta_done.eq(mdone), req_done.eq(rdone)]
                 with m.If(mdone & rdone):
                     m.d.sync += [meta_done.eq(0), req_done.eq(0)]
-                    m.next = "SEG_END"
-
-            with m.State("SEG_END"):
-                with m.If(pkt_last):
-                    next_wqe()          # (what NEXT does, a cycle earlier)
-                with m.Else():
-                    m.d.sync += [
-                        seg_left.eq(seg_left - cfg.mtu),
-                        seg_addr.eq(seg_addr + cfg.mtu),
-                        seg_psn.eq(seg_psn + 1),
-                        seg_first.eq(0),
-                    ]
-                    m.next = "SEND_META"
+                    with m.If(pkt_last):
+                        next_wqe()          # (what NEXT does, a cycle earlier)
+                    with m.Else():          # the next packet of the message
+                        m.d.sync += [
+                            seg_left.eq(seg_left - cfg.mtu),
+                            seg_addr.eq(seg_addr + cfg.mtu),
+                            seg_psn.eq(seg_psn + 1),
+                            seg_first.eq(0),
+                        ]
 
             with m.State("SET_ERR"):
                 m.d.comb += tx_err_v.eq(1)

@@ -287,8 +287,8 @@ def test_hit_under_miss():
 
 
 def test_hits_back_to_back():
-    """READ hits, the client always ready: one answer every two cycles (the next request's
-    tag row is read while the hit's data leave)."""
+    """READ hits and WRITEs, the client always ready: one answer every two cycles (the next
+    request's tag row is read while the answer leaves)."""
     ops = [(CacheOp.WRITE, k, 100 + k) for k in range(8)] + \
           [(CacheOp.READ, k, 0) for k in range(8)] * 2
     got, c, _ = run_cache(ops, sets=4, ways=2, p_req=1.0, p_ready=1.0)
@@ -296,6 +296,9 @@ def test_hits_back_to_back():
     assert [g[4] for g in reads] == [100 + k for k in range(8)] * 2 and c["hits"] == 16
     cycles = [g[5] for g in reads]
     assert [b - a for a, b in zip(cycles, cycles[1:])] == [2] * 15
+    # the WRITEs before them too (the answer leaves as the next request is taken)
+    cycles = [g[5] for g in got if g[1] == CacheOp.WRITE]
+    assert [b - a for a, b in zip(cycles, cycles[1:])] == [2] * 7
 
 
 def test_hit_answers_two_cycles_after_it_was_taken():

@@ -400,6 +400,45 @@ def test_emitter_splits_like_the_model(W, cpl):
         assert tlps == exp, (a, n)
 
 
+def test_emitter_one_word_reads_leave_every_cycle():
+    """Requests of one word each, offered back to back with ``up`` always ready: a
+    completion leaves in every cycle (a request's first part leaves in the cycle it is
+    taken), each with its own tag and word; a four-word request takes four."""
+    W = 64
+    dut = CplEmitter(W, 64, 512 // W + 1)
+    reqs = [(t, 64 * t + 8, 8) for t in range(8)] + [(8, 0x200, 256), (9, 0x400, 8)]
+    seen = []
+
+    async def tb(ctx):
+        ctx.set(dut.up.ready, 1)
+        k = 0
+        latched = 0
+        for cyc in range(60):
+            if k < len(reqs):
+                t, a, n = reqs[k]
+                ctx.set(dut.req.payload, {"tag": t, "status": 0, "addr": a, "len": n})
+            ctx.set(dut.req.valid, int(k < len(reqs)))
+            ctx.set(dut.word.data, latched)
+            _, _, en, idx, v, p, rr = await ctx.tick().sample(
+                dut.word.en, dut.word.index, dut.up.valid, dut.up.payload, dut.req.ready)
+            if v:
+                seen.append((cyc, int(p.hdr.tag), int(p.data)))
+            if en:
+                latched = (reqs[min(k, len(reqs) - 1)][1] // W + int(idx)) * 1000
+            if rr:
+                k += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    cycles = [c for c, _, _ in seen]
+    assert [t for _, t, _ in seen] == list(range(8)) + [8] * 4 + [9]
+    assert [d for _, _, d in seen] == [(64 * t + 8) // W * 1000 for t in range(8)] + \
+        [(0x200 // W + j) * 1000 for j in range(4)] + [0x400 // W * 1000]
+    assert cycles == list(range(cycles[0], cycles[0] + len(seen))), cycles
+
+
 @pytest.mark.parametrize("seed,p_up", [(1, 1.0), (2, 0.6)])
 def test_up_mux_write_responses_ride_on_completions(seed, p_up):
     """The hosts' UpMux: completion beats pass in order and unchanged; every write response

@@ -52,7 +52,7 @@ def qp_ctx(q, **kw):
 
 
 class Bench(wiring.Component):
-    def __init__(self, cfg, qps, fetch_depth=4, mr_bad=()):
+    def __init__(self, cfg, qps, fetch_depth=4, mr_bad=(), mr_lat=None):
         self.dut = Requester(cfg, fetch_depth)
         # the QP-context lookups' stand-ins: request / response with a pseudo-random latency
         init = [int.from_bytes(formats.pack(regmap.QP_CTX, **qps[q]), "little")
@@ -62,9 +62,10 @@ class Bench(wiring.Component):
         self.qpt_fetch = TableLookup(qb, regmap.QP_CTX.size, init)
         mrs = [int.from_bytes(formats.pack(formats.MR_ENTRY, **MRS[i]), "little") if i in MRS else 0
                for i in range(cfg.n_mrs)]
-        # the MR cache stand-in: request / response with a pseudo-random latency
+        # the MR cache stand-in: request / response with a pseudo-random latency (or, with
+        # mr_lat, a hit's: always ready, answered mr_lat cycles after the request)
         self.mrt = TableLookup(max(1, (cfg.n_mrs - 1).bit_length()), formats.MR_ENTRY.size, mrs,
-                               bad=mr_bad)
+                               bad=mr_bad, latency=mr_lat, always_ready=mr_lat is not None)
         super().__init__({})
 
     def elaborate(self, platform):
@@ -218,7 +219,8 @@ def run(world, script, max_cycles=20000):
     """script(ctx, world) is an async function driving events/doorbells; runs until it ends."""
     cfg = world.cfg
     W = world.W
-    bench = Bench(cfg, world.qps, world.fetch_depth, getattr(world, "mr_bad", ()))
+    bench = Bench(cfg, world.qps, world.fetch_depth, getattr(world, "mr_bad", ()),
+                  getattr(world, "mr_lat", None))
     dut = bench.dut
     rng = world.rng
     bp = world.bp
@@ -1517,6 +1519,39 @@ def test_responses_while_tx_blocked():
         assert world.get(world.host, rd_dst, 700) == world.get(world.remote, 0x801000, 700)
     assert int.from_bytes(world.get(world.host, GOOD["base"] + 0xF000, 8), "little") == \
         int.from_bytes(world.get(world.remote, 0x802000, 8), "little") - 9
+
+
+@pytest.mark.parametrize("op", [O.RDMA_READ, O.RDMA_WRITE])
+def test_requests_back_to_back(op):
+    """The send engine issues a one-packet READ or WRITE every four cycles while its WQEs
+    are there: the WQE taken (its lkey's MR entry asked for), the MR cache's answer (in whose
+    cycle the WQE is checked and enters the tracker), the header queued. Four QPs post eight
+    each; their WQE batches arrive ahead of the engine (a 64-byte data path: a WQE a beat),
+    the MR entries two cycles after they are asked for (a hit of the MR cache)."""
+    cfg = NicConfig(data_bytes=64, mtu=256, n_qps=4, n_mrs=4, n_cqs=4, max_outstanding=8)
+    world = World(cfg, 29, bp=0.0, resp_lat=10, dma_lat=2)
+    world.mr_lat = 2                    # as the MR cache answers a hit
+    setup_memory(world, random.Random(29))
+    qps = (0, 1, 2, 3)
+    plan = {q: [wqe(op, 8, SIG, local=GOOD["base"] + 0x8000 + 0x100 * (8 * q + k),
+                    remote=0x800000 + 0x100 * (8 * q + k)) for k in range(8)] for q in qps}
+
+    async def script(ctx, world, event, wait):
+        for q in qps:
+            await event(q, formats.QpState.RTS.value, 0)
+        for q in qps:
+            for w in plan[q]:
+                world.post(q, w)
+            world.ring(q)
+        await wait(lambda: len(world.cqes) >= 32, limit=8000)
+
+    run(world, script, max_cycles=10000)
+    for q in qps:
+        check_success(world, q, plan[q])
+    times = [t for t, _, _, _ in world.tx]
+    assert len(times) == 32
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    assert gaps[len(gaps) // 2] <= 4, gaps
 
 
 @pytest.mark.parametrize("op", [O.RDMA_READ, O.RDMA_WRITE])
