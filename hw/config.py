@@ -357,13 +357,19 @@ class SystemConfig:
 # on its port, so a CQE every 2.25 cycles (111 Mops, one completion each) needs more than two
 # in flight (Little's law); with 2 the completion engine capped both peaks at about 59 Mops.
 # Chosen from the mechanism, not fitted to a figure.
-# fetch_depth stays 4 per processing unit: four units need more than five batches in flight
-# each (a batch is in flight at best about 140 cycles, and a unit's share of 111 Mops needs
-# one every 26 cycles; with 4 the four-unit READ peak kept 14.8 of its 16 in flight), but
-# with one unit 16 lets the send engine outrun the response engine: WRITEs pile up to the
-# tracker's 32 per QP, 1,536 on 48 pairs, more than the WQE cache's 1,024 entries, and the
-# misses stall the response engine (the 8-byte WRITE peak fell from 22 to 4 Mops, 2,892 of
-# 6,144 lookups missed; docs/performance.md). The four-unit runs give fetch_depth 16.
+# n_pus 4 (since the commit after 553dff1; one before): the card's 8-byte peaks are those of
+# several processing units (SMART, ASPLOS'24, section 2.2). One unit's send engine costs
+# four cycles per one-packet WQE and its response engine four per response (553dff1), so
+# one unit reaches about 40 Mops (37 / 39 on 1cb29f9); four reach 98.79 READ and 77.19
+# WRITE Mops on 553dff1 (docs/performance.md). Chosen from the mechanism (the units' cycles
+# per operation against the card's 111 / 92 Mops), not fitted per point.
+# fetch_depth 16 per unit: a batch of four WQEs is in flight about 140 cycles (a PCIe round
+# trip plus queueing), so 4 batches in flight cap a unit at about 0.11 WQEs per cycle (28
+# Mops: one unit's READ and WRITE peaks were both 27.12 Mops on 1cb29f9 with 4) and a unit's
+# share of 111 Mops needs more than five (Little's law). With the slower response engines
+# before 1cb29f9, 16 let one unit's send engine outrun its response engine: WRITEs piled up
+# beyond the WQE cache and the one-unit WRITE peak fell to 4 Mops (80a41a5); on 1cb29f9 one
+# unit with 16 gives 37.16 / 38.57 Mops and no WQE-cache miss. Chosen from the mechanism.
 _CONNECTX6 = SystemConfig(
     name="connectx6",
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=1024, n_cqs=64, n_mrs=16,
@@ -371,7 +377,7 @@ _CONNECTX6 = SystemConfig(
                   pipeline_ns=114.75, mr_cache_sets=8, mr_cache_ways=2,
                   cq_cache_sets=32, cq_cache_ways=2, qp_cache_sets=64, qp_cache_ways=4,
                   wqe_cache_sets=256, wqe_cache_ways=4, desc_depth=32, dma_tags=256,
-                  dma_write_outstanding=256, cq_lookups=4),
+                  dma_write_outstanding=256, cq_lookups=4, n_pus=4, fetch_depth=16),
     host=HostConfig(pcie_ns=150.0, host_mem_ns=100.0, pcie_gbps=128.0, mmio_ns=150.0),
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration=("pipeline_ns: 8-byte READ, 12 QPs x depth 1 closed loop at 5.103 Mops, i.e. a "

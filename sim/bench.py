@@ -251,20 +251,14 @@ def _peaks(s, info, cfg, cycles, tmp, prefix=""):
               f"posted by the Python-driven CPU: {r['mops']:.2f} Mops")
 
 
-#: ``fetch_depth`` of the multi-unit peak builds: a unit's share of the card's rate needs
-#: more WQE batches in flight than the presets' 4 (hw/config.py, docs/performance.md)
-MULTI_UNIT_FETCH_DEPTH = 16
-
-
 def _peaks_by_pus(name, pus, cycles):
     """``ONLY=peak``: the peaks on builds of the preset with ``n_pus`` = each of ``pus``
-    (more than one unit with ``fetch_depth`` :data:`MULTI_UNIT_FETCH_DEPTH`, recorded)."""
+    (everything else the preset's; ``fetch_depth`` recorded)."""
     s = {"preset": name, "commit": git_commit(), "date": str(datetime.date.today()),
          "machine": f"{platform.machine()}, {os.cpu_count()} cores", "cycles": cycles,
          "by_pus": {}}
     for n in pus:
-        extra = {"nic__fetch_depth": MULTI_UNIT_FETCH_DEPTH} if n > 1 else {}
-        cfg = preset(name).replace(host__kind="rtl", nic__n_pus=n, **extra)
+        cfg = preset(name).replace(host__kind="rtl", nic__n_pus=n)
         r = {"fetch_depth": cfg.nic.fetch_depth}
         with tempfile.TemporaryDirectory() as tmp:
             _peaks(r, build_system(cfg, fast=True), cfg, cycles, tmp)
