@@ -357,7 +357,7 @@ class SystemConfig:
 # on its port, so a CQE every 2.25 cycles (111 Mops, one completion each) needs more than two
 # in flight (Little's law); with 2 the completion engine capped both peaks at about 59 Mops.
 # Chosen from the mechanism, not fitted to a figure.
-# n_pus 4 (since the commit after 553dff1; one before): the card's 8-byte peaks are those of
+# n_pus 4 (since 152833b; one before): the card's 8-byte peaks are those of
 # several processing units (SMART, ASPLOS'24, section 2.2). One unit's send engine costs
 # four cycles per one-packet WQE and its response engine four per response (553dff1), so
 # one unit reaches about 40 Mops (37 / 39 on 1cb29f9); four reach 98.79 READ and 77.19
@@ -374,7 +374,7 @@ _CONNECTX6 = SystemConfig(
     name="connectx6",
     nic=NicConfig(data_bytes=64, clock_mhz=250.0, n_qps=1024, n_cqs=64, n_mrs=16,
                   n_doorbells=16, mtu=4096, max_rd_atomic=16, max_outstanding=32,
-                  pipeline_ns=114.75, mr_cache_sets=8, mr_cache_ways=2,
+                  pipeline_ns=123.5, mr_cache_sets=8, mr_cache_ways=2,
                   cq_cache_sets=32, cq_cache_ways=2, qp_cache_sets=64, qp_cache_ways=4,
                   wqe_cache_sets=256, wqe_cache_ways=4, desc_depth=32, dma_tags=256,
                   dma_write_outstanding=256, cq_lookups=4, n_pus=4, fetch_depth=16),
@@ -382,10 +382,11 @@ _CONNECTX6 = SystemConfig(
     link=LinkConfig(latency_ns=300.0, gbps=200.0),
     calibration=("pipeline_ns: 8-byte READ, 12 QPs x depth 1 closed loop at 5.103 Mops, i.e. a "
                  "loaded round trip of 2.35 us (SMART, ASPLOS'24, artifact fig4a); re-fitted "
-                 "once the responder's request lookahead and the completion engine's "
-                 "CQE per cycle shortened a READ (the RTL of this fit, e0cbef9, with "
-                 "112.0 ns: 2.341 us), a READ crosses the pipeline 4 times, "
-                 "112.0 + (2.352 - 2.341) / 4 us = 114.75 ns (29 cycles)"),
+                 "once the engines' four-cycle responses and WQEs, the caches' two-cycle "
+                 "answers and the four processing units shortened a READ (the RTL of this "
+                 "fit, 553dff1 with 152833b's preset, with 114.75 ns: 2.317 us), a READ "
+                 "crosses the pipeline 4 times, 114.75 + (2.352 - 2.317) / 4 us = 123.5 ns "
+                 "(31 cycles)"),
 )
 
 # Small and fast: for unit and integration tests and for FPGA synthesis checks. Its MR cache
