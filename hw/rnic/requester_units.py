@@ -56,9 +56,12 @@ __all__ = ["RequesterUnits", "unit_config"]
 
 def unit_config(cfg):
     """The configuration one processing unit is built with: its share of the QPs and of the
-    WQE cache's sets."""
+    WQE cache's sets. The QP-context cache is the node's (a unit has none): its sets are
+    capped at the unit's QPs only so that the unit's configuration passes the checks (64
+    QPs in four units of ``connectx6``, whose QP-context cache has 64 sets)."""
     n = cfg.n_pus
-    return replace(cfg, n_qps=cfg.n_qps // n, wqe_cache_sets=cfg.wqe_cache_sets // n, n_pus=1)
+    return replace(cfg, n_qps=cfg.n_qps // n, wqe_cache_sets=cfg.wqe_cache_sets // n, n_pus=1,
+                   qp_cache_sets=min(cfg.qp_cache_sets, cfg.n_qps // n))
 
 
 class RequesterUnits(wiring.Component):
