@@ -17,6 +17,11 @@ Rules (the requester's "Deadlock freedom", rule 2):
   back-pressured.
 * **Store and forward.** A header leaves only when its whole payload is in the buffer, so
   whoever takes it never waits on host memory in the middle of a packet.
+* **One header ahead.** While a packet's payload leaves, the next packet's header (if its
+  payload is stored and was read) is offered too, so that the packetizer, through the
+  :class:`~hw.lib.arbiter.PacketArbiter`, takes it with the frame's last beat and frames
+  follow back to back (before 2026-12-08 the header waited for the cycle after the last
+  beat: three cycles per two-beat 8-byte WRITE frame). Payload beats leave in header order.
 * **A payload the host failed to read is not sent.** The packet is dropped, its payload
   skipped, and its QP, tracker slot and PSN are offered on ``perr`` (held until taken; one
   at a time: a second failure waits) so that the response FSM fails the message with
@@ -118,6 +123,7 @@ class PacketEmitter(wiring.Component):
         with m.If(self.perr.valid & self.perr.ready):
             m.d.sync += perr_v.eq(0)
         bad_pay = (out_meta.paylen != 0) & pay_err.r_data
+        ahead = Signal()     # in DATA: the next packet's header has gone, its payload follows
         with m.FSM(name="emit"):
             with m.State("META"):
                 with m.If(out_ok & bad_pay):
@@ -148,8 +154,24 @@ class PacketEmitter(wiring.Component):
                     payf.r_en.eq(self.tx.payload.ready),
                     pay_pop.eq(payf.r_rdy & self.tx.payload.ready),
                 ]
+                # the next header goes while this payload flows (one packet ahead), so that
+                # the packetizer can take it with this frame's last beat; a failed one waits
+                # for META (its payload is skipped there)
+                offer = Signal()
+                m.d.comb += [
+                    offer.eq(~ahead & out_ok & ~bad_pay),
+                    self.tx.meta.valid.eq(offer),
+                    self.tx.meta.payload.eq(out_meta),
+                    desc.r_en.eq(self.tx.meta.ready & offer),
+                    pay_err.r_en.eq(self.tx.meta.ready & offer & (out_meta.paylen != 0)),
+                ]
+                took = offer & self.tx.meta.ready & (out_meta.paylen != 0)
                 with m.If(pay_pop & self.tx.payload.payload.last):
                     m.d.comb += pkt_done.eq(1)
-                    m.next = "META"
+                    m.d.sync += ahead.eq(0)
+                    with m.If(~ahead & ~took):
+                        m.next = "META"
+                with m.Elif(took):
+                    m.d.sync += ahead.eq(1)
         m.d.sync += pay_res.eq(pay_res + Mux(self.res_take, seg_beats, 0) - pay_pop)
         return m

@@ -201,16 +201,20 @@ def check_packets(dut, pkts, got, W):
     for k in range(n):
         assert [(m["psn"], m["paylen"]) for _, m in metas if m["src_node"] == k] == \
             [(m["psn"], m["paylen"]) for m, _ in pkts[k]]
-    # the payload following each meta is that packet's, whole and before the next meta
+    # the payloads leave whole in the order of the metas, each after its meta; a meta may
+    # be taken while the previous packet's payload flows, but not before the payload of
+    # the packet two ahead of it has ended (one packet with payload ahead at most)
     bi = 0
+    ends = []        # (meta cycle, cycle of the last beat) of the packets with payload
     for idx, (mc, m) in enumerate(metas):
         k, s = m["src_node"], m["psn"]
         exp = pkts[k][s][1]
         mine = beats[bi:bi + len(exp)]
         assert [b for _, b in mine] == exp
         if mine:
-            assert mine[0][0] >= mc
-        if idx + 1 < len(metas) and mine:
-            assert metas[idx + 1][0] > mine[-1][0]
+            assert mine[0][0] > mc
+            if len(ends) >= 2:
+                assert mc > ends[-2][1], f"meta {idx} two packets ahead of the payload"
+            ends.append((mc, mine[-1][0]))
         bi += len(exp)
     assert bi == len(beats)

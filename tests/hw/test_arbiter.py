@@ -87,6 +87,9 @@ def test_packet_round_robin_full_rate():
         for s in range(5)] for k in range(2)]
     metas, beats = run_packets(dut, pkts, p_valid=1.0, p_ready=1.0, seed=0, max_cycles=200)
     assert [m["src_node"] for _, m in metas] == [0, 1] * 5
+    # the next header is taken while the payload flows: one beat every cycle, two cycles
+    # per two-beat packet (three on the arbiter before 2026-12-08)
+    assert [c for c, _ in beats] == list(range(1, 21))
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])

@@ -7,9 +7,11 @@ some cycles after the reservation, in request order, with ``err`` on the last be
 packets chosen to fail. ``tx.meta`` and ``tx.payload`` see random back-pressure, ``perr`` is
 taken after a random delay. Checked every cycle:
 
-* packets leave in descriptor order: a good one as its header on ``tx.meta`` and then
-  exactly its payload beats on ``tx.payload`` (bytes equal); a failed one never on ``tx``
-  but on ``perr`` with its QP, slot and PSN, held until taken;
+* packets leave in descriptor order: a good one as its header on ``tx.meta`` and exactly
+  its payload beats on ``tx.payload`` (bytes equal), after the payloads of the headers
+  before it; a header may go while the previous packet's payload flows (one ahead at
+  most); a failed one never on ``tx`` but on ``perr`` with its QP, slot and PSN, held
+  until taken, and only once every payload before it has left;
 * store and forward: no header (nor perr) before the last beat of its payload was given;
 * the reservation: ``res_fits`` never lets the reserved-but-unsent beats exceed
   ``pay_buffers * mtu / W`` and, once no failed payload is being skipped, says exactly
@@ -101,7 +103,7 @@ def run(cfg, seed, n=100, p_err=0.25, p_meta=0.6, p_pay=0.6, p_beat=0.8, max_del
     assert dut.pay_beats == cap
     pkts = make_packets(cfg, rng, n, p_err)
     dl = dut.desc_layout
-    st = dict(cycles=0, sent=0, perrs=[], res_wait=0, max_out=0, perr_blocked=0, stall=None)
+    st = dict(cycles=0, sent=0, ahead=0, perrs=[], res_wait=0, max_out=0, perr_blocked=0, stall=None)
 
     async def tb(ctx):
         pi, res_done, desc_done, gap = 0, False, False, 0   # the send FSM's packet
@@ -112,10 +114,10 @@ def run(cfg, seed, n=100, p_err=0.25, p_meta=0.6, p_pay=0.6, p_beat=0.8, max_del
         out = 0               # beats reserved and not yet sent (a failed one's: until its perr)
         unsure = -1           # until this cycle the emitter may still be skipping a payload
         oi = 0                # next packet, in descriptor order, to leave on tx or perr
-        cur = None            # [packet, beat] whose payload is due on tx.payload
+        due = []              # [packet, beat] whose payloads are due on tx.payload, in order
         perr_cur, perr_wait = None, 0
         cycle = 0
-        while oi < n or cur is not None or perr_cur is not None:
+        while oi < n or due or perr_cur is not None:
             assert cycle < 150 * n + 2000, f"stuck at packet {oi}"
             # ---- the send FSM: descriptor and reservation of packet pi, in parallel
             active = pi < n and gap == 0
@@ -153,23 +155,29 @@ def run(cfg, seed, n=100, p_err=0.25, p_meta=0.6, p_pay=0.6, p_beat=0.8, max_del
             ctx.set(dut.tx.payload.ready, p_rdy)
             m_v, t_v = ctx.get(dut.tx.meta.valid), ctx.get(dut.tx.payload.valid)
             if t_v:
-                assert cur is not None, f"cycle {cycle}: payload beat without a header"
-                k, j = cur
+                assert due, f"cycle {cycle}: payload beat without a header"
+                k, j = due[0]
                 d, nb, last = pkts[k].beats()[j]
                 assert ctx.get(dut.tx.payload.payload.as_value()) == pack(BEAT, data=d, nbytes=nb, last=last), \
                     f"cycle {cycle}: packet {k} beat {j}"
                 if p_rdy:
                     out -= 1
-                    cur = None if last else [k, j + 1]
+                    if last:
+                        due.pop(0)
+                    else:
+                        due[0] = [k, j + 1]
             if m_v:
-                assert cur is None, f"cycle {cycle}: header inside packet {cur}"
+                # one header ahead at most: the next one while a payload flows
+                assert len(due) <= 1, f"cycle {cycle}: header with packets {due} due"
+                st["ahead"] += bool(due) and m_rdy
                 assert oi < n and not pkts[oi].err, f"cycle {cycle}: header, packet {oi} due"
                 q = pkts[oi]
                 assert ctx.get(dut.tx.meta.payload.as_value()) == q.meta, f"cycle {cycle}: packet {oi}"
                 if q.paylen:
                     assert last_beat.get(oi, cycle) < cycle, f"cycle {cycle}: packet {oi} not stored"
                 if m_rdy:
-                    cur = [oi, 0] if q.paylen else None
+                    if q.paylen:
+                        due.append([oi, 0])
                     oi += 1
                     st["sent"] += 1
             # ---- perr: checked while held, taken after a random delay
@@ -183,7 +191,7 @@ def run(cfg, seed, n=100, p_err=0.25, p_meta=0.6, p_pay=0.6, p_beat=0.8, max_del
                     q = pkts[oi]
                     assert got == (q.qpn, q.slot, q.psn), f"cycle {cycle}: perr of packet {oi}"
                     assert last_beat.get(oi, cycle) < cycle, f"cycle {cycle}: packet {oi} not stored"
-                    assert cur is None
+                    assert not due
                     out -= nbeats(q.paylen)           # skipped from now on
                     unsure = cycle + nbeats(q.paylen) + 2
                     perr_cur, perr_wait = got, rng.choice(perr_delays)
@@ -250,6 +258,7 @@ def test_against_model(cfg, seed):
     reservation (checked inside run) under random back-pressure."""
     st = run(CFGS[cfg], seed)
     assert len(st["perrs"]) > 5 and st["sent"] > 50
+    assert st["ahead"] > 0      # headers did go while a payload flowed
     assert st["max_out"] <= CFGS[cfg].pay_buffers * CFGS[cfg].mtu // W
 
 
@@ -280,3 +289,44 @@ def test_desc_backpressure(seed):
     s = st["stall"]
     assert s["waiting"] and not s["desc_ready"]
     assert s["pushed"] - s["perrs"] == cfg.desc_depth
+
+
+def test_back_to_back_packets():
+    """Two-beat packets, payloads stored, tx always ready: a header goes while the previous
+    payload flows, so a beat leaves every cycle (two cycles per packet; three before
+    2026-12-08, when the next header waited for the cycle after the last beat)."""
+    dut = PacketEmitter(CFG)
+    dl = dut.desc_layout
+    n = 8
+    beats = []
+
+    async def tb(ctx):
+        for k in range(n):      # payload first, then the descriptor: all stored
+            ctx.set(dut.res_len, 2 * W)
+            ctx.set(dut.res_take, 1)
+            for j in range(2):
+                ctx.set(dut.pay.valid, 1)
+                ctx.set(dut.pay.payload.as_value(), pack(RD, data=k * 2 + j, nbytes=W, last=j))
+                await ctx.tick()
+                ctx.set(dut.res_take, 0)
+            ctx.set(dut.pay.valid, 0)
+        off = META["paylen"].offset
+        for k in range(n):
+            ctx.set(dut.desc.valid, 1)
+            ctx.set(dut.desc.payload.as_value(), pack(dl, meta=(2 * W) << off | k, qpn=0, slot=0))
+            await ctx.tick()
+        ctx.set(dut.desc.valid, 0)
+        ctx.set(dut.tx.meta.ready, 1)
+        ctx.set(dut.tx.payload.ready, 1)
+        for cycle in range(60):
+            if ctx.get(dut.tx.payload.valid):
+                beats.append((cycle, ctx.get(dut.tx.payload.payload.data)))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    assert [d for _, d in beats] == list(range(2 * n))
+    cycles = [c for c, _ in beats]
+    assert cycles == list(range(cycles[0], cycles[0] + 2 * n))
