@@ -13,10 +13,13 @@ Models the write half of an RNIC's host-interface DMA engine (as Corundum's
   header's ``addr`` and ``len``). A shifter with one word of carry does it at one word per
   cycle; a write whose head and tail are both unaligned takes one extra word.
 * **Writes in order.** One client write at a time (round robin between clients at write
-  boundaries), its TLPs back to back; PCIe keeps posted writes in order. Another client's
-  write is taken in the cycle the last word of one leaves, so that one-word writes (CQEs,
-  8-byte payloads) leave one per cycle; a client's own next write one cycle later (its
-  first beat is offered only once its last one is taken). The last TLP of a
+  boundaries), its TLPs back to back; PCIe keeps posted writes in order. An idle engine
+  takes a write together with its first word, so a one-word write is taken in the cycle it
+  is offered and one-word writes (CQEs, 8-byte payloads) leave one per cycle, of one client
+  or of several (before 2026-12-08 the first word left a cycle after the write was taken:
+  a client alone got one one-word write every two cycles, and the responder spent a second
+  cycle on every 8-byte WRITE). Another client's write is also taken in the cycle the
+  last word of one leaves (its first word then leaves in the next cycle). The last TLP of a
   write whose client set ``hint`` carries ``th`` (the host signals it when it is in memory).
 * **Responses** (as AXI's B channel; PCIe posted writes have none): the host answers every
   MWr in order with a write response carrying its tag and a status. When all TLPs of a
@@ -123,31 +126,52 @@ class DmaWriteEngine(wiring.Component):
                 with m.Case(c):
                     m.d.comb += first.eq(self.wr[c].wr.payload)
 
+        # an idle engine takes a write and its first word in the same cycle: the registers'
+        # values for the write in progress, or the offered write's own while idle
+        start = Signal()
+        m.d.comb += start.eq(any_v & ~busy)
+        act = busy | start
+        e_owner = Signal.like(owner)
+        e_addr, e_end, e_hk = Signal(64), Signal(65), Signal(64)
+        e_rot, e_k, e_nin, e_nout = Signal(lw), Signal(17), Signal(15), Signal(15)
+        e_tag, e_hint = Signal(DMA_USER_TAG_BITS), Signal()
+        with m.If(busy):
+            m.d.comb += [e_owner.eq(owner), e_addr.eq(addr), e_end.eq(end), e_hk.eq(hk),
+                         e_rot.eq(rot), e_k.eq(k), e_nin.eq(n_in), e_nout.eq(n_out),
+                         e_tag.eq(utag), e_hint.eq(hint)]
+        with m.Else():
+            ln = first.len
+            m.d.comb += [e_owner.eq(pick), e_addr.eq(first.addr), e_end.eq(first.addr + ln),
+                         e_hk.eq(Cat(Const(0, lw), first.addr[lw:])), e_rot.eq(first.addr[:lw]),
+                         e_k.eq(0), e_nin.eq((ln + (W - 1)) >> lw),
+                         e_nout.eq((first.addr[:lw] + ln + (W - 1)) >> lw),
+                         e_tag.eq(first.tag), e_hint.eq(first.hint)]
+
         # the client beat for out word k (none for the extra tail word)
         cur_v = Signal()
         cur = Signal(8 * W)
-        with m.Switch(owner):
+        with m.Switch(e_owner):
             for c in range(n):
                 with m.Case(c):
                     m.d.comb += [cur_v.eq(self.wr[c].wr.valid), cur.eq(self.wr[c].wr.payload.data)]
-        need_beat = k < n_in
+        need_beat = e_k < e_nin
         # out word = client bytes [kW - rot, kW - rot + W)
         word = Signal(8 * W)
         shift = Signal(lw + 1)
-        m.d.comb += [shift.eq(W - rot),
+        m.d.comb += [shift.eq(W - e_rot),
                      word.eq((Cat(prev, Mux(need_beat, cur, 0)) >> (shift << 3))[:8 * W])]
-        tlp_start = (k == 0) | (hk[:lm] == 0)
-        t_start = Mux(k == 0, addr, hk)
+        tlp_start = (e_k == 0) | (e_hk[:lm] == 0)
+        t_start = Mux(e_k == 0, e_addr, e_hk)
         bound = Signal(65)
         m.d.comb += bound.eq((t_start | (MPS - 1)) + 1)
         new_end = Signal(65)
-        m.d.comb += new_end.eq(Mux(bound < end, bound, end))
+        m.d.comb += new_end.eq(Mux(bound < e_end, bound, e_end))
         cur_end = Mux(tlp_start, new_end, t_end)
-        w_last = (hk + W) >= cur_end
-        write_last = k + 1 == n_out
+        w_last = (e_hk + W) >= cur_end
+        write_last = e_k + 1 == e_nout
 
         mwr = self.mwr
-        ok = busy & (~need_beat | cur_v) & (~tlp_start | pend.w_rdy)
+        ok = act & (~need_beat | cur_v) & (~tlp_start | pend.w_rdy)
         m.d.comb += [
             mwr.valid.eq(ok),
             mwr.payload.data.eq(word),
@@ -156,38 +180,50 @@ class DmaWriteEngine(wiring.Component):
             mwr.payload.hdr.tag.eq(wseq),
             mwr.payload.hdr.addr.eq(t_start),
             mwr.payload.hdr.len.eq(new_end - t_start),
-            mwr.payload.hdr.th.eq(hint & (new_end == end)),     # on the write's last TLP
-            pend.w_data.eq(Cat(owner[:cb], new_end == end, utag)),
+            mwr.payload.hdr.th.eq(e_hint & (new_end == e_end)),     # on the write's last TLP
+            pend.w_data.eq(Cat(e_owner[:cb], new_end == e_end, e_tag)),
         ]
         take = mwr.valid & mwr.ready
-        with m.Switch(owner):
+        with m.Switch(e_owner):
             for c in range(n):
                 with m.Case(c):
-                    m.d.comb += self.wr[c].wr.ready.eq(busy & need_beat & take)
+                    m.d.comb += self.wr[c].wr.ready.eq(need_beat & take)
         with m.If(take):
-            m.d.sync += [k.eq(k + 1), hk.eq(hk + W)]
+            m.d.sync += [k.eq(e_k + 1), hk.eq(e_hk + W)]
             with m.If(need_beat):
                 m.d.sync += prev.eq(cur)
             with m.If(tlp_start):
                 m.d.comb += pend.w_en.eq(1)
                 m.d.sync += [t_end.eq(new_end), wseq.eq(wseq + 1)]
             with m.If(write_last):
-                m.d.sync += [busy.eq(0), self.emitted.eq(self.emitted + 1)]
+                m.d.sync += self.emitted.eq(self.emitted + 1)
 
-        # a write is taken when the engine is idle or in the cycle its last word leaves (then
-        # it overrides the updates above): one-word writes of different clients go back to back
-        with m.If(any_v & (~busy | (take & write_last))):
-            ln = first.len
+        with m.If(start):
+            # taken from idle, with its first word if that left: busy unless it was its only one
             m.d.sync += [
-                busy.eq(1), owner.eq(pick), last_c.eq(pick),
-                addr.eq(first.addr), end.eq(first.addr + ln), utag.eq(first.tag),
-                hint.eq(first.hint),
-                rot.eq(first.addr[:lw]), hk.eq(Cat(Const(0, lw), first.addr[lw:])),
-                k.eq(0),
-                n_in.eq((ln + (W - 1)) >> lw),
-                n_out.eq((first.addr[:lw] + ln + (W - 1)) >> lw),
-                self.accepted.eq(self.accepted + 1),
+                busy.eq(~(take & write_last)), owner.eq(pick), last_c.eq(pick),
+                addr.eq(e_addr), end.eq(e_end), utag.eq(e_tag), hint.eq(e_hint), rot.eq(e_rot),
+                n_in.eq(e_nin), n_out.eq(e_nout), self.accepted.eq(self.accepted + 1),
             ]
+            with m.If(~take):
+                m.d.sync += [k.eq(0), hk.eq(e_hk)]
+        with m.Elif(take & write_last):
+            # the last word leaves: another client's write is taken in this cycle (it overrides
+            # the updates above; its first word leaves in the next), so that one-word writes
+            # of different clients go back to back
+            m.d.sync += busy.eq(0)
+            with m.If(any_v):
+                ln = first.len
+                m.d.sync += [
+                    busy.eq(1), owner.eq(pick), last_c.eq(pick),
+                    addr.eq(first.addr), end.eq(first.addr + ln), utag.eq(first.tag),
+                    hint.eq(first.hint),
+                    rot.eq(first.addr[:lw]), hk.eq(Cat(Const(0, lw), first.addr[lw:])),
+                    k.eq(0),
+                    n_in.eq((ln + (W - 1)) >> lw),
+                    n_out.eq((first.addr[:lw] + ln + (W - 1)) >> lw),
+                    self.accepted.eq(self.accepted + 1),
+                ]
 
         # ---- responses, in order -----------------------------------------------------------
         head = Signal(OUT)

@@ -326,7 +326,8 @@ def test_bad_params():
 def test_one_word_writes_of_two_clients_leave_back_to_back():
     """Two clients each offering one-word writes all the time, MWr never back-pressured: a
     write of the other client is taken in the cycle the last word of one leaves, so the
-    engine sends one TLP per cycle (a client alone: one every two cycles)."""
+    engine sends one TLP per cycle; a client alone too, since an idle engine takes a write
+    with its first word (before 2026-12-08 a client alone got one every two cycles)."""
     W, n = 8, 40
 
     def cycles(clients):
@@ -354,4 +355,37 @@ def test_one_word_writes_of_two_clients_leave_back_to_back():
         return seen[-1][0] - seen[0][0] + 1
 
     assert cycles([0, 1]) == n
-    assert cycles([0]) == 2 * n - 1
+    assert cycles([0]) == n
+
+
+def test_one_tlp_reads_of_one_client_are_taken_every_cycle():
+    """One client offering one-word reads all the time, MRd never back-pressured, enough tags
+    and ring: a request is taken in the cycle the last TLP of the one before is issued, so
+    one MRd leaves per cycle (before 2026-12-08 one every two cycles: the next request was
+    taken only once the engine was idle)."""
+    W, n = 8, 24
+    dut = DmaReadEngine(W, [256], n_tags=64)
+    seen = []
+
+    async def bench(ctx):
+        ctx.set(dut.mrd.ready, 1)
+        ctx.set(dut.rd[0].req.valid, 1)
+        k = 0
+        ctx.set(dut.rd[0].req.payload, {"addr": 0x1000, "len": W, "tag": 0})
+        t = 0
+        while len(seen) < n:
+            taken = ctx.get(dut.rd[0].req.ready)
+            _, _, v, hdr = await ctx.tick().sample(dut.mrd.valid, dut.mrd.payload.hdr)
+            t += 1
+            if taken:
+                k += 1
+                ctx.set(dut.rd[0].req.payload, {"addr": 0x1000 + W * k, "len": W, "tag": 0})
+            if v:
+                seen.append((t, int(hdr.addr)))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert [a for _, a in seen] == [0x1000 + W * i for i in range(n)]
+    assert seen[-1][0] - seen[0][0] + 1 == n
