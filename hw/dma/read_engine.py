@@ -9,7 +9,9 @@ rules for a requester (PCI Express Base Specification 4.0, 2.2.9 and 2.3.1.1):
   multiple of ``max_read_request`` (MRRS, default 512 B); each piece is one MRd TLP of at
   most MRRS bytes and, since MRRS divides 4096, never crosses a 4 KB boundary. The engine
   issues one TLP per cycle, round robin over the clients with something to issue, each with
-  a free tag from a pool of ``n_tags`` (PCIe's Tag field; 32 without extended tags).
+  a free tag from a pool of ``n_tags`` (PCIe's Tag field; 32 without extended tags). A
+  client's next request is taken in the cycle the last TLP of its current one is issued,
+  so one-TLP requests of one client go out one per cycle.
 * **Completions in any order.** The host answers each MRd with one or more completions, in
   address order within a request, each naming the tag and the byte range ``[lo, lo + len)``
   of the request it carries in whole aligned words (the host may split at its read
@@ -209,14 +211,9 @@ class DmaReadEngine(wiring.Component):
             nh_req = Signal(15, name=f"c{c}_nh_req")     # host words the request spans
             m.d.comb += nh_req.eq((req.addr[:lw] + req.len + (W - 1)) >> lw)
             m.d.comb += [
-                port.req.ready.eq(~busy & desc.w_rdy),
                 desc.w_data.eq(Cat(nw_req[:14], lastn, req.addr[:lw], req.tag)),
                 desc.w_en.eq(port.req.valid & port.req.ready),
             ]
-            with m.If(port.req.valid & port.req.ready):
-                m.d.sync += [busy.eq(1), s_addr.eq(req.addr), off.eq(0), rlen.eq(req.len),
-                             base.eq(alloc), alloc.eq(alloc + nh_req), after.eq(self.w_accepted),
-                             shift0.eq(req.addr[:lw])]
 
             # -- the next chunk of the request
             rem = Signal(17, name=f"c{c}_rem")
@@ -262,6 +259,14 @@ class DmaReadEngine(wiring.Component):
                 m.d.sync += [seq.eq(seq + 1), off.eq(off + clen), s_addr.eq(s_addr + clen)]
                 with m.If(last):
                     m.d.sync += busy.eq(0)
+            # a request is taken when idle or in the cycle the last TLP of the one before is
+            # issued (its registers then override the updates above), so that requests of one
+            # TLP each are taken one per cycle (before 2026-12-08: one every two cycles)
+            m.d.comb += port.req.ready.eq((~busy | (go & last)) & desc.w_rdy)
+            with m.If(port.req.valid & port.req.ready):
+                m.d.sync += [busy.eq(1), s_addr.eq(req.addr), off.eq(0), rlen.eq(req.len),
+                             base.eq(alloc), alloc.eq(alloc + nh_req), after.eq(self.w_accepted),
+                             shift0.eq(req.addr[:lw])]
 
             # -- passing completed TLPs in order: words become deliverable
             acc_err = Signal(name=f"c{c}_accerr")

@@ -19,7 +19,9 @@ Three parts work on the queue:
 * the **READ prefetcher** walks the queue ahead of the transmitter; for every READ
   descriptor it issues the DMA read (``rd``) of each response packet (at most one MTU,
   tag :data:`READ_DMA_TAG`) as soon as the payload ring (``read_buffers`` MTUs of beats)
-  has room reserved for the whole packet, so read data is always taken at once (rule 2).
+  has room reserved for the whole packet, so read data is always taken at once (rule 2);
+  a one-packet READ's read is requested in the cycle the prefetcher looks at it, so it
+  passes one such READ per cycle.
   It does not pass a ``RESP_ATOMIC_PEND`` whose result has not arrived: a READ behind an
   atomic must read what the atomic wrote.
 * the **transmitter** takes the descriptors in queue order and sends them on ``tx``: an
@@ -221,7 +223,20 @@ class ResponseQueue(wiring.Component):
         with m.FSM(name="prefetch") as pf_fsm:
             with m.State("SCAN"):
                 with m.If(q_p != q_w):
-                    with m.If((pe.kind == RESP_READ) & (pe.len != 0)):
+                    with m.If((pe.kind == RESP_READ) & (pe.len != 0) & (pe.len <= mtu)):
+                        # a one-packet READ: its read is requested from here (ISSUE's work),
+                        # so that the prefetcher passes a READ per cycle (two before
+                        # 2026-12-08); the entry stays until the request is taken
+                        s_beats = (pe.len + (W - 1)) >> exact_log2(W)
+                        m.d.comb += [
+                            p_req.valid.eq(cap - r_used >= s_beats),
+                            p_req.payload.addr.eq(pe.arg),
+                            p_req.payload.len.eq(pe.len),
+                            p_req.payload.tag.eq(READ_DMA_TAG),
+                        ]
+                        with m.If(p_req.valid & p_req.ready):
+                            m.d.comb += [r_alloc.eq(s_beats), p_adv.eq(1)]
+                    with m.Elif((pe.kind == RESP_READ) & (pe.len != 0)):
                         m.d.sync += [pf_addr.eq(pe.arg), pf_rem.eq(pe.len)]
                         m.next = "ISSUE"
                     with m.Elif(pe.kind == RESP_ATOMIC_PEND):

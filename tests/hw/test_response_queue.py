@@ -167,9 +167,10 @@ def model(items, at_res, fail, mem, held):
 # the bench
 
 def simulate(items, mem, *, at_res=(), fail=(), seed=0, read_buffers=4, p_tx=0.6, p_push=0.7,
-             hold=False, lat=(1, 20), at_delay=(0, 40), max_cycles=60_000):
+             hold=False, lat=(1, 20), at_delay=(0, 40), max_cycles=60_000, p_req=0.7):
     """``hold``: tx is not ready before every descriptor is pushed (or ``push`` has waited
-    20 cycles in a row), and the pushes are back to back until then."""
+    20 cycles in a row), and the pushes are back to back until then. ``p_req``: the chance
+    that the DMA read port takes a request in a cycle."""
     rng = random.Random(seed)
     dut = ResponseQueue(CFG, read_buffers)
     quiet_end = 100 + read_buffers * MTU // W      # dropping a failed READ's data is silent
@@ -197,7 +198,7 @@ def simulate(items, mem, *, at_res=(), fail=(), seed=0, read_buffers=4, p_tx=0.6
             ctx.set(dut.rd.rd.valid, beat_v)
             if beats:
                 ctx.set(dut.rd.rd.payload, beats[0][1])
-            ctx.set(dut.rd.req.ready, rng.random() < 0.7)
+            ctx.set(dut.rd.req.ready, rng.random() < p_req)
             released = released or not todo or stall >= 20
             for s in (dut.tx.meta, dut.tx.payload):
                 ctx.set(s.ready, released and rng.random() < p_tx)
@@ -461,3 +462,15 @@ def test_one_beat_reads_leave_every_two_cycles():
     cycles = [c for _, _, c in out["tx"]]
     assert len(cycles) == 40
     assert [b - a for a, b in zip(cycles, cycles[1:])] == [2] * 39
+
+
+def test_one_packet_reads_are_requested_every_cycle():
+    """Forty one-beat READs pushed back to back, the DMA read port always ready: the
+    prefetcher requests a READ's data in the cycle it looks at the entry, one read per cycle
+    (two cycles each before 2026-12-08, SCAN then ISSUE)."""
+    rng = random.Random(72)
+    items = [read(rng, i % 4, W) for i in range(40)]
+    out, _ = run(items, seed=72, hold=True, p_req=1.0)
+    cycles = out["req_cycles"]
+    assert len(cycles) == 40
+    assert [b - a for a, b in zip(cycles, cycles[1:])] == [1] * 39
