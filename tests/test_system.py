@@ -136,9 +136,9 @@ def test_hosts_agree(system_run, rtl_run, agree_dir):
     wake in the ready queue (served in FIFO order) and so serve one batch a fetch later
     (docs/host-interface.md). The one batch allowed 2 %: on 09acbef (the DMA engines' one
     write and one read per cycle) batch 13 of 16 takes 336 ns (84 cycles, 1.1 %) longer on
-    the RTL host, every other batch 4-12 ns less; the strict test passes on b7a8467, so it
-    comes with 09acbef's read engine or READ prefetcher; not explained yet
-    (docs/verification.md)."""
+    the RTL host, every other batch 4-12 ns less; the strict test passes on b7a8467 and
+    fails on 09acbef with b7a8467's READ prefetcher, so it comes with 09acbef's read engine
+    (one client's reads back to back); not explained yet (docs/verification.md)."""
     import json
     _check_case(system_run, "test_agreement_record")
     _check_case(rtl_run, "test_agreement_record")
