@@ -130,15 +130,15 @@ def test_system_dma_errors(dma_error_run, case):
 
 def test_hosts_agree(system_run, rtl_run, agree_dir):
     """The same workload on the Python and on the RTL host (no back-pressure, no reordering):
-    the same completions and memory, the whole run within 0.5 % and every batch within 1 %
-    or 32 cycles (128 ns), but one, within 2 %: the hosts see the same link timing, but the
-    testbench wakes 2 cycles apart on a CQE, which can put a doorbell behind another QP's
-    wake in the ready queue (served in FIFO order) and so serve one batch a fetch later
-    (docs/host-interface.md). The one batch allowed 2 %: on 09acbef (the DMA engines' one
-    write and one read per cycle) batch 13 of 16 takes 336 ns (84 cycles, 1.1 %) longer on
-    the RTL host, every other batch 4-12 ns less; the strict test passes on b7a8467 and
-    fails on 09acbef with b7a8467's READ prefetcher, so it comes with 09acbef's read engine
-    (one client's reads back to back); not explained yet (docs/verification.md)."""
+    the same completions and memory, and every batch within 1 % or 32 cycles (128 ns), as
+    issue 7 asks; in fact within 4 cycles: each batch starts from an idle NIC (its doorbells
+    are rung 2 us after its WQEs are written, tests/cocotb/tb_system.py ``run_random``), the
+    hosts see the same link timing, and the two runs differ only in when the testbench
+    learns of the batch's last CQE (measured on the commit after a1941ab: every batch 4 ns,
+    one cycle, shorter on the RTL host). Before that settle time the Python host, whose WQE
+    writes take no simulated time, rang a batch's doorbells while the previous batch's tail
+    was still in flight, so the batches started from different NIC states and one of them
+    (13 of 16) ran 84 cycles longer on the RTL host (docs/verification.md)."""
     import json
     _check_case(system_run, "test_agreement_record")
     _check_case(rtl_run, "test_agreement_record")
@@ -148,14 +148,9 @@ def test_hosts_agree(system_run, rtl_run, agree_dir):
     assert py["completions"] == rtl["completions"]
     assert py["memory"] == rtl["memory"]
     assert len(py["batch_ns"]) == len(rtl["batch_ns"]) > 10
-    outliers = 0
     for a, b in zip(py["batch_ns"], rtl["batch_ns"]):
-        if abs(a - b) > max(0.01 * max(a, b), 128):
-            outliers += 1
-            assert abs(a - b) <= 0.02 * max(a, b), (py["batch_ns"], rtl["batch_ns"])
-    assert outliers <= 1, (py["batch_ns"], rtl["batch_ns"])
-    total_py, total_rtl = sum(py["batch_ns"]), sum(rtl["batch_ns"])
-    assert abs(total_py - total_rtl) <= 0.005 * max(total_py, total_rtl)
+        assert abs(a - b) <= max(0.01 * max(a, b), 128), (py["batch_ns"], rtl["batch_ns"])
+        assert abs(a - b) <= 16, (py["batch_ns"], rtl["batch_ns"])
 
 
 def test_pcap_decodes_as_rocev2(system_run, pcap_path):

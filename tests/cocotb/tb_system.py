@@ -424,12 +424,18 @@ async def ring_all(qps):
 
 async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeout_ns=20_000_000,
                      cfg=CFG, backpressure=BP, batch_times=None, deferred=False,
-                     sizes=(4096, 20000)):
+                     settle_ns=2000, sizes=(4096, 20000)):
     """Random traffic over ``npairs`` QP pairs, checked against the reference after each
     batch (``batch_times``: a list to which the time each batch took is appended).
     ``deferred``: each batch's WQEs are all written before its doorbells are rung, and the
     batch is timed from the first doorbell (so that the host CPU's memory writes, which take
-    time on the RTL host's CPU port and none on the Python host, are not timed)."""
+    time on the RTL host's CPU port and none on the Python host, are not timed); the
+    doorbells are rung ``settle_ns`` after the WQEs are written, so that every batch starts
+    from a NIC that has finished the previous batch's tail (the last write responses and
+    context reads that follow the CQEs Python waited for) on either host: without it the
+    Python host, whose WQE writes take no simulated time, rang the next doorbells while that
+    tail was still in flight and the RTL host 560 ns later, so the batches started from
+    different NIC states (docs/verification.md)."""
     from sim.harness import now_ns
     rng = random.Random(seed)
     sysm = await TwoNodes.start(dut, cfg, backpressure=backpressure, seed=seed)
@@ -464,6 +470,7 @@ async def run_random(dut, ops, npairs, *, both_directions=True, seed=SEED, timeo
                 wr_id += 1
         if deferred:
             qps = await post_batch(sb, batch, deferred=True)
+            await Timer(settle_ns, "ns")
             t0 = now_ns()
             await ring_all(qps)
         else:
