@@ -13,167 +13,34 @@ Models the RC responder of the InfiniBand Architecture Specification vol. 1 rele
 * chapter 10 QP states: requests are only executed in RTR or RTS; fatal errors move the QP
   to ERR (through ``set_err``).
 
-The responder takes **one request packet at a time** (a sequential FSM): the packet's
-meta is latched with its QP context and its rkey's MR entry, looked up ahead by
-:class:`~hw.rnic.request_lookup.RequestLookup` (``cfg.rsp_lookahead`` packets ahead, each on
-its own pair of lookup ports, so the lookups of the packets behind the one being executed
-overlap it); the per-QP responder state (a ``lib.memory.Memory`` row: expected PSN, MSN,
-receive-queue consumer index and the state of the message in progress) is read as the packet
-is taken; the packet is checked, then executed (payload streamed to ``wr``; the receive WQE
-taken from the receive-WQE prefetcher), then the CQE, the QP-error request and the ACK/NAK
-are issued in that order and the state row is written back. The write-back is done in the
-cycle of the last finishing stage that has other work (FIN_WB only when a QP event takes the
-state's write port that cycle); a READ that passes its checks queues its descriptor and
-writes its state back in CHECK, and so does a one-beat WRITE (its beat written, its
-acknowledge queued): either takes two cycles of the FSM (IDLE, CHECK). The last beat of a
-longer WRITE carries its acknowledge and write-back with it. A packet whose QP is reset
-(RESET, INIT, RTR) while it waits in the lookahead is dropped as it is taken (counted in
-``stat_drop``): its context and state belong to the QP's old incarnation.
+The responder takes **one request packet at a time** (a sequential FSM): the packet, its
+QP context and its rkey's MR entry come from :class:`~hw.rnic.request_lookup.RequestLookup`
+(looked up ``cfg.rsp_lookahead`` packets ahead), the QP's responder state row (expected
+PSN, MSN, receive consumer index, the message in progress: a ``lib.memory`` row of
+:class:`~hw.rnic.responder_state.ResponderState`, which also applies the QP events and
+receive doorbells) is read as the packet is taken, :class:`~hw.rnic.request_check.RequestCheck` decides, the FSM
+executes (payload to ``wr``, receive WQEs from :class:`~hw.ctx.rq_prefetch.RqPrefetch`,
+atomics handed to :class:`~hw.rnic.atomic.AtomicUnit` without waiting, duplicates of atomics
+answered from :class:`~hw.rnic.replay_cache.ReplayCache`), then issues the CQE, the QP-error
+request and the response in that order and writes the state row back. Responses are never
+sent by the FSM: it queues one descriptor in :class:`~hw.rnic.response_queue.ResponseQueue`
+(its READ prefetcher and transmitter do the rest) through
+:class:`~hw.rnic.responder_gate.ResponderGate` (nothing announces data the host has not
+answered for). The request path never waits for ``tx`` (deadlock freedom).
 
-Receive WQEs are read ahead per QP (:class:`~hw.ctx.rq_prefetch.RqPrefetch`, IBA 9.7 leaves
-how a responder obtains its receive WQEs to the implementation): a doorbell on a receive
-queue kicks the prefetcher, which reads that QP's next posted WQE over ``rd_wqe`` into a
-one-row-per-QP memory (one WQE held per QP; up to ``cfg.rq_prefetch`` reads in flight, of
-different QPs), and reads the next one each time the responder consumes one. A
-SEND or WRITE with immediate whose WQE is already there takes it in one cycle; otherwise it
-is a demand read and the FSM waits for it (counted: ``RQ_WQE_PREFETCHES``,
-``RQ_WQE_DEMAND_READS``, ``RQ_WQE_WAIT_CYCLES``). The prefetcher learns the queue's base and
-size from the QP event that starts the receive side (RESET, INIT, RTR carry them).
-
-Atomics do not stop the FSM: it hands an atomic to the atomic unit (``at_rd`` / ``at_wr``;
-``cfg.atomic_inflight`` operations in flight, serialised per 8-byte address, answers in
-order) with its QP, PSN and replay slot, queues a RESP_ATOMIC_PEND descriptor in the
-atomic's place among the responses, and goes on with the next packet. The unit's answer
-goes into the replay cache and into a results FIFO; the transmitter takes the next result
-when it reaches the next RESP_ATOMIC_PEND. Ordering (IBA 9.5): a READ queued after an
-atomic is not prefetched before the atomic has been answered (so it reads what the atomic
-wrote), and payload writes (WRITE, SEND) wait until every atomic of their QP taken before is
-answered (the unit's ``owner_busy``; other QPs' atomics do not hold them).
-A duplicate of an atomic still executing is not in the replay cache yet: it is dropped (the
-requester retries; the original's acknowledge is on its way). A slot is invalidated when a new
-atomic takes it (its result is written when the unit answers), so the cache answers for
-exactly the QP's last ``replay_slots`` atomics, whatever the atomic unit's latency.
-
-The CQE and the response descriptors pass a :class:`~hw.lib.write_gate.WriteGate` first:
-they leave, in order, only once the host has answered the payload writes issued before
-them, so an ACK never announces data the host did not take (as an AXI master waits for its
-write response). If a payload write of a QP failed, its next response becomes a NAK
-(remote operational error, IBA 9.7.5.2.4) and the QP goes to ERR; a receive completion of
-that QP becomes LOC_PROT_ERR. A QP-error request of the FSM itself (a fatal NAK) goes to
-``set_err`` at once, so that the QP refuses the packets that follow.
-
-Responses (ACK/NAK, RNR NAK, READ responses, ATOMIC_ACKNOWLEDGE) are never sent by the
-FSM itself: it writes one **response descriptor** (:data:`RESP_ENTRY`) into the ordered
-response queue and goes on with the next request. Two engines work on that queue:
-
-* the **read prefetcher** walks the queue ahead of the transmitter; for every READ
-  descriptor it issues the DMA read of each response packet (at most one MTU, tag
-  ``READ_DMA_TAG``) as soon as the payload ring (``read_buffers`` MTUs of beats) has room
-  reserved for the whole packet; the DMA data goes straight into the ring;
-* the **response transmitter** takes the descriptors in queue order and sends them on
-  ``tx``: an ACK/NAK or ATOMIC_ACKNOWLEDGE as one header, a READ as its READ_RESPONSE
-  FIRST/MIDDLE/LAST/ONLY packets, each header leaving only once the packet's whole payload is
-  in the ring (store and forward), followed by the payload from the ring.
-
-Each DMA user has a port of its own on the NIC's DMA engine (``hw/dma/``): the prefetcher
-``rd_data``, the receive-WQE fetch ``rd_wqe``, the atomic unit ``at_rd``/``at_wr``, the
-payload ``wr``; a port that stalls stalls only itself.
-
-Host-interface errors (docs/errors.md): a READ packet whose data the host failed to read is
-replaced by a NAK (remote operational error) at its PSN, the rest of the READ is dropped and
-the QP goes to ERR; a receive WQE the host failed to read: NAK, receive completion
-LOC_QP_OP_ERR with wr_id 0 (unknown); an atomic whose read or write failed: NAK at its
-PSN when its turn in the response queue comes (the transmitter), the QP to ERR, nothing
-remembered for a duplicate (requests of the QP taken meanwhile have executed, as after a
-failed READ).
-
-Deadlock freedom
-----------------
-A node's responder, requester and the network form a loop (responder -> tx -> link -> the
-peer's receive path -> the peer's responder -> the peer's tx -> link -> our receive path ->
-our responder). The responder breaks it on its side with three rules:
-
-1. **The request path never waits for tx.** Every response goes into ONE ordered response
-   queue (a ``lib.memory`` ring of ``n_qps * max_outstanding`` descriptors), emitted by the
-   transmitter strictly in queue order, so the responses of a QP leave in PSN order (IBA
-   9.7.5: the responder returns ACKs, NAKs, READ responses and atomic acknowledges in the
-   order of the requests). Each requester QP has at most ``max_outstanding`` messages
-   outstanding, each causing at most one response descriptor, so the queue cannot fill with
-   a conforming peer. If it is full anyway (a configuration error) the gate's output waits
-   (``stat_resp_full`` pulses every cycle it waits) and, once the gate is full, the FSM.
-   The gate waits only on host write responses, never on tx.
-2. **READ DMA data is always accepted at once.** The prefetcher issues the DMA read of a
-   response packet only after reserving ring space for all of its beats (the ring holds
-   ``read_buffers`` >= 2 MTUs, so the read of the next packet overlaps sending the current
-   one); a header goes to ``tx`` only when its payload is complete, so ``tx`` never waits
-   on host memory in the middle of a packet.
-3. **The FSM's own DMA reads (receive WQE, atomic operand) are consumed as soon as they
-   arrive**: the receive-WQE prefetcher has a row for the answer of every read it issues
-   (one per QP in flight) and never waits for the FSM, and the atomic unit has room for the
-   answer of every read it issues. The atomic unit itself never
-   waits for tx: its results FIFO holds ``n_qps * 16`` results, more than a conforming peer
-   can have outstanding (16 READ / atomic requests per QP); if it is full anyway the FSM
-   waits before handing over the next atomic (as for a full response queue). Payload
-   writes waiting for the atomic unit wait only on host write responses.
-
-Ordering consequence: a READ's data is read from host memory when its packet is prefetched,
-which may be after later requests of the same QP have executed. The IBA ordering rules
-(9.5, transaction ordering; "RDMA READ relaxed ordering") allow this: a SEND / RDMA WRITE /
-atomic that follows an RDMA READ may be executed before the READ's data is read; a consumer
-that needs the READ to complete first sets the fence indicator on the later work request.
-(The alternative, holding later requests until the READ's data is fetched, would make the
-request path wait on tx again.) Requests that precede a READ are always executed
-before its data is read (their DMA writes are issued before the READ is queued, and a DMA
-read does not pass an earlier write).
-
-Checks, in order (the first failing one decides):
-
-1. QPN not local (``dest_qpn >= n_qps``) or QP not in RTR/RTS: silent drop (``stat_drop``).
-2. PSN != expected PSN: NAK PSN sequence error (0x60, AETH psn = expected PSN), no state
-   change, and ``nak_sent`` is set: until the expected PSN arrives, further out-of-sequence
-   packets are dropped silently (``stat_seq_drop``), one NAK per gap (9.7.5.2.2).
-   A PSN in the half of the PSN space behind the expected PSN is a **duplicate**
-   (9.7.5.1.2, ``stat_dup``): a duplicate WRITE/SEND has no effect and, if it asks for an
-   ACK, is answered with an ACK of ``epsn - 1``; a duplicate READ is executed again from its
-   RETH (its rkey checked again); a duplicate atomic is answered from the QP's **replay
-   cache** (the last 16 atomic results, PSN and original value, in a ``lib.memory`` ring
-   per QP: a retransmitted atomic is always among them because a requester has at most 16
-   READ/atomic requests outstanding) and never executed twice (``stat_replay``); one not
-   in the cache is dropped.
-3. Unknown / response opcode, opcode out of sequence (MIDDLE/LAST without FIRST, a new
-   message while one is in progress), bad payload length (> MTU; FIRST/MIDDLE != MTU; payload
-   on READ/atomic): NAK invalid request (0x61), QP to ERR.
-4. Per operation: RETH/AtomicETH access check (0x62), length (0x61), atomic alignment
-   (0x61), empty receive queue (RNR NAK 0x20 | the QP's min_rnr_timer, no state change but ``nak_sent``), receive WQE
-   lkey check (0x63 + CQE LOC_PROT_ERR), receive buffer too short (0x61 + CQE LOC_LEN_ERR).
-
-**ACK coalescing**: a positive ACK whose QP's previous positive ACK is still queued
-and not yet offered on ``tx`` replaces it in the queue (``stat_coalesce``); the newer ACK
-acknowledges everything the older one did.
-
-Every NAK except RNR and PSN sequence error also raises ``set_err`` (QP to ERR). A packet
-that is NAKed or dropped has its payload discarded and changes no memory. For WRITE with
-immediate the access and length checks come before the receive-queue (RNR) check; for SEND
-the RNR check comes first (the WQE is needed for the other checks). A receive WQE whose
-length is 0 is not checked against the MR table (like a zero-length RETH).
-
-A ``qp_event`` for a QP (always accepted) to RESET, INIT or RTR rewrites its state row
-(expected PSN = ``rq_psn``, MSN 0, consumer index 0, no message in progress); one to RTS or
-ERR leaves it as it is, so that what a QP received in RTR stays received after RTR -> RTS
-and an RTS -> RTS modify changes nothing (IBA 10.3.1); the same events reset the QP's row of
-the receive-WQE prefetch, giving it the receive queue the event names. The receive-queue producer index
-written by ``rq_db`` is kept (receives are posted from INIT on) except on an event with state
-RESET (the QP was created or reset), which clears it. If a resetting event hits the QP of the
-packet being processed, that packet's state write-back and its QP-error request are cancelled
-(its CQE/ACK are still issued).
+docs/responder.md has the whole behaviour: the FSM's states and their cycles, the receive-WQE
+prefetch, atomics and the replay window, the write gate, host-interface errors, the rules
+that keep the two nodes free of deadlock, the ordering consequence (IBA 9.5), the checks in
+order with their NAKs, ACK coalescing and the QP events.
 
 Ports
 -----
 ``rx``: ``In(PacketOut(W))``, ``tx``: ``Out(PacketOut(W))``, ``node_id``: ``In(8)``,
-``qp``: ``Out(Lookup(log2(n_qps), QP_LOOKUP))``, ``mr``: ``Out(CtxLookup(log2(n_mrs), MR_ENTRY))``
-(request / response: the MR cache; for a WRITE FIRST / ONLY, READ or atomic the rkey's entry
-is asked for in IDLE together with the QP context (``qpc``) and both answers are awaited in
-LOAD; a receive WQE's lkey in WQE_MR_REQ / WQE_MR_RESP),
+``qp``: ``Out(Lookup(log2(n_qps), QP_LOOKUP))`` (the QP's state),
+``qpc``, ``rkey``: ``Out(CtxLookup(...)).array(cfg.rsp_lookahead)`` (request / response: the
+QP-context and MR caches, asked by the request lookahead for each packet ahead),
+``mr``: ``Out(CtxLookup(log2(n_mrs), MR_ENTRY))`` (a receive WQE's lkey, in WQE_MR_REQ /
+WQE_MR_RESP),
 ``qp_event``: ``In(QpEvent())``, ``rq_db``: ``In(DoorbellEvent())``, ``set_err``: ``Out(QpErrRequest())``,
 ``rd_data``, ``rd_wqe``, ``at_rd``: ``Out(DmaReadPort(W))``, ``wr``, ``at_wr``:
 ``Out(DmaWritePort(W))``, ``cqe``: ``Out(CqeRequest())``,
@@ -188,9 +55,8 @@ Parameter ``read_buffers`` (power of two in [2, 16], default ``cfg.read_buffers`
 the READ payload ring in MTUs. The replay cache holds ``cfg.replay_slots`` results per QP.
 """
 
-from amaranth.hdl import Cat, Module, Signal, Const, Mux
+from amaranth.hdl import Module, Signal, Const, Mux
 from amaranth.lib import data, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
@@ -201,10 +67,12 @@ from ..formats import (BthOpcode as Op, AethSyndrome as Syn, QpState, WcOpcode, 
 from ..lib.arbiter import StreamArbiter
 from ..interfaces import (PacketOut, Lookup, CtxLookup, QP_LOOKUP, QpEvent, DoorbellEvent, QpErrRequest,
                          DmaReadPort, DmaWritePort, CqeRequest)
-from ..ctx.rq_prefetch import RqPrefetch, RQ_DMA_TAG
+from ..ctx.rq_prefetch import RQ_DMA_TAG
 from .response_queue import (ResponseQueue, RESP_ENTRY, READ_DMA_TAG, RESP_ACK,
                                    RESP_READ, RESP_ATOMIC, RESP_ATOMIC_PEND)
 from ..lib.checks import check_pow2
+from .replay_cache import ReplayCache
+from .responder_state import ResponderState
 from .request_lookup import RequestLookup
 from .responder_gate import ITEM_CQE, ITEM_RESP, ResponderGate
 from .request_check import MSG_NONE, MSG_SEND, MSG_WRITE, RSP_STATE, RequestCheck
@@ -226,13 +94,6 @@ WQE_DMA_TAG = RQ_DMA_TAG
 #: payload beats the request lookahead buffers per packet it looks ahead (an 8-byte WRITE is
 #: one beat; a larger payload streams through)
 RSP_LOOKAHEAD_BEATS_PER_PACKET = 4
-
-#: Atomic replay cache slots per QP (max_rd_atomic is at most 16: a retransmitted atomic is
-#: always among the last 16 atomics the QP executed).
-REPLAY_SLOTS = NicConfig.replay_slots
-#: ``valid`` is cleared when an atomic is handed to the atomic unit with the slot and set
-#: with its result: a slot being reused never answers for the atomic it held before.
-REPLAY_ENTRY = data.StructLayout({"psn": 24, "orig": 64, "valid": 1})
 
 class Responder(wiring.Component):
     """RC responder: executes request packets, answers ACK/NAK/READ/atomic responses."""
@@ -302,20 +163,17 @@ class Responder(wiring.Component):
         at_sent = rq.at_sent                   # the transmitter sends a RESP_ATOMIC_PEND
         m.d.sync += at_out.eq(at_out + at_disp - at_sent)
 
-        # ---- per-QP state and receive-queue producer indices --------------------------
-        m.submodules.state_mem = st_mem = Memory(shape=RSP_STATE, depth=cfg.n_qps, init=[])
-        st_rd = st_mem.read_port(domain="comb")
-        st_wr = st_mem.write_port()
-        m.submodules.pi_mem = pi_mem = Memory(shape=16, depth=cfg.n_qps, init=[])
-        # atomic replay cache: REPLAY_SLOTS recent (PSN, original value) pairs per QP
-        m.submodules.replay = rc_mem = Memory(shape=REPLAY_ENTRY, depth=cfg.n_qps * cfg.replay_slots,
-                                              init=[])
-        rc_rd = rc_mem.read_port(domain="comb")
-        rc_wr = rc_mem.write_port()
-        # a slot is invalidated as an atomic takes it (AT_IN): until its result is written
-        # the slot answers no duplicate, so the window is exactly the last REPLAY_SLOTS atomics
-        rc_inv = rc_mem.write_port()
-        rscan = Signal(range(cfg.replay_slots))
+        # ---- per-QP state rows, receive producer indices and the receive-WQE prefetch,
+        # with the QP events and receive doorbells that write them (hw/rnic/responder_state.py)
+        m.submodules.qp_state = qst = ResponderState(cfg)
+        wiring.connect(m, wiring.flipped(self.qp_event), qst.qp_event)
+        wiring.connect(m, wiring.flipped(self.rq_db), qst.rq_db)
+        wiring.connect(m, qst.dma, wiring.flipped(self.rd_wqe))
+        m.d.comb += [self.stat_rq_prefetch.eq(qst.stat_prefetch),
+                     self.stat_rq_demand.eq(qst.stat_demand),
+                     self.stat_rq_wait.eq(qst.stat_wait)]
+        # atomic replay cache: the results of each QP's last atomics (hw/rnic/replay_cache.py)
+        m.submodules.replay = replay = ReplayCache(max(1, qb), cfg.replay_slots)
         at_o = atomic.o.payload
         at_ctx = AT_CTX(at_o.ctx)
         m.d.comb += [
@@ -324,29 +182,12 @@ class Responder(wiring.Component):
             rq.at_result.payload.orig.eq(at_o.orig),
             rq.at_result.payload.err.eq(at_o.err),
             # remember the result for a duplicate of this request (not after a failure)
-            rc_wr.addr.eq(Cat(at_ctx.rp, at_ctx.qpn[:qb])),
-            rc_wr.data.psn.eq(at_ctx.psn),
-            rc_wr.data.orig.eq(at_o.orig),
-            rc_wr.data.valid.eq(1),
-            # (the result of an atomic whose slot is being taken by a new one this very
-            # cycle is out of the window: not written)
-            rc_wr.en.eq(atomic.o.valid & rq.at_result.ready & ~at_o.err
-                        & ~(rc_inv.en & (rc_inv.addr == rc_wr.addr))),
+            replay.put_qpn.eq(at_ctx.qpn),
+            replay.put_slot.eq(at_ctx.rp),
+            replay.put_psn.eq(at_ctx.psn),
+            replay.put_orig.eq(at_o.orig),
+            replay.put_en.eq(atomic.o.valid & rq.at_result.ready & ~at_o.err),
         ]
-        pi_rd = pi_mem.read_port(domain="comb")
-        pi_wr = pi_mem.write_port()
-
-        # ---- receive WQEs, read ahead per QP (hw/ctx/rq_prefetch.py) ------------------
-        m.submodules.rq_prefetch = rqpf = RqPrefetch(cfg)
-        wiring.connect(m, rqpf.dma, wiring.flipped(self.rd_wqe))
-        pi_g = pi_mem.read_port(domain="comb")
-        pi_k = pi_mem.read_port(domain="comb")
-        m.d.comb += [pi_g.addr.eq(rqpf.pi_g_addr), rqpf.pi_g.eq(pi_g.data),
-                     pi_k.addr.eq(rqpf.pi_k_addr), rqpf.pi_k.eq(pi_k.data),
-                     self.stat_rq_prefetch.eq(rqpf.stat_prefetch),
-                     self.stat_rq_demand.eq(rqpf.stat_demand),
-                     self.stat_rq_wait.eq(rqpf.stat_wait)]
-
         # ---- registers ----------------------------------------------------------------
         pk = Signal(PKT_META)          # the request packet being processed
         s = Signal(RSP_STATE)          # working copy of its QP's state row
@@ -373,7 +214,7 @@ class Responder(wiring.Component):
 
         qpn = pk.dest_qpn[:qb]
         qpn_ok = (pk.dest_qpn >> qb) == 0
-        # the packet's QP context: requested with the packet's meta in IDLE, latched in LOAD
+        # the packet's QP context: looked up ahead (RequestLookup), latched in IDLE
         # (request / response: a context cache answers whenever it can); a context that
         # could not be read (ctx_bad) is no valid QP: the packet is dropped
         ctx = Signal(QP_CTX)
@@ -396,12 +237,12 @@ class Responder(wiring.Component):
 
         m.d.comb += [
             self.qp.index.eq(qpn),
-            st_rd.addr.eq(inm.dest_qpn[:qb]),
+            qst.rd_qpn.eq(inm.dest_qpn[:qb]),
             # the QP's receive state and producer index as the packet is taken (a receive
             # doorbell or a QP event that comes after the packet is not seen by it, however
             # long its context lookup takes; an event resetting the QP meanwhile kills it)
-            pi_rd.addr.eq(inm.dest_qpn[:qb]),
-            rc_rd.addr.eq(Cat(rscan, qpn)),
+            replay.qpn.eq(qpn), replay.psn.eq(pk.psn), replay.rp.eq(s.rp),
+            replay.rfull.eq(s.rfull),
         ]
         # ---- the packet's checks (hw/rnic/request_check.py)
         # the key's MR entry, looked up (request / response) before CHECK and WQE_CHECK
@@ -494,14 +335,11 @@ class Responder(wiring.Component):
         wiring.connect(m, atomic.dma_rd, wiring.flipped(self.at_rd))
         wiring.connect(m, atomic.dma_wr, wiring.flipped(self.at_wr))
         wqe_err = Signal()             # the host failed the receive WQE's read
-        ev = self.qp_event.payload
-        ev_ok = self.qp_event.valid & ((ev.qpn >> qb) == 0)
-        # RESET, INIT and RTR start the receive side afresh (RTR: at the given PSN); RTS and
-        # ERR keep its state (IBA 10.3.1: a receive in RTR stays consumed after RTR -> RTS)
-        ev_reset = ev_ok & (ev.state != QpState.RTS) & (ev.state != QpState.ERR)
-        kill_now = ev_reset & (ev.qpn[:qb] == qpn)
+        # a QP event that starts the QP's receive side afresh kills its packet in flight
+        ev_reset = qst.ev_reset
+        kill_now = ev_reset & (qst.ev_qpn == qpn)
 
-        m.d.comb += [la.kill.eq(ev_reset), la.kill_qpn.eq(ev.qpn[:qb]), atomic.owner.eq(qpn)]
+        m.d.comb += [la.kill.eq(ev_reset), la.kill_qpn.eq(qst.ev_qpn), atomic.owner.eq(qpn)]
 
         def mr_lookup(name, then, key=None, skip=None):
             """States ``<name>_REQ`` / ``<name>_RESP``: look ``key`` (default the packet's
@@ -550,8 +388,8 @@ class Responder(wiring.Component):
             this QP meanwhile (nothing written)."""
             with m.If(killed | kill_now):
                 m.next = "IDLE"
-            with m.Elif(~ev_reset):
-                m.d.comb += [st_wr.addr.eq(qpn), st_wr.data.eq(row), st_wr.en.eq(1)]
+            with m.Elif(qst.wb_free):
+                m.d.comb += [qst.wb_qpn.eq(qpn), qst.wb_row.eq(row), qst.wb_en.eq(1)]
                 m.next = "IDLE"
             with m.Else():
                 m.next = "FIN_WB"
@@ -589,7 +427,7 @@ class Responder(wiring.Component):
                         killed.eq(0),
                         pay_pending.eq(inm.paylen != 0),
                         f_cqe.eq(0), f_err.eq(0), f_ack.eq(0), f_wb.eq(0), c_verr.eq(0),
-                        pi_r.eq(pi_rd.data), s.eq(st_rd.data),
+                        pi_r.eq(qst.pi), s.eq(qst.row),
                         ctx.eq(rx_meta.payload.ctx), ctx_bad.eq(rx_meta.payload.ctx_err),
                         # an entry that could not be read is no valid entry: the check fails
                         e.eq(Mux(rx_meta.payload.mr_err, 0, rx_meta.payload.mr)),
@@ -745,19 +583,19 @@ class Responder(wiring.Component):
             # the prefetcher answers at once if it holds the WQE, else after reading it
             with m.State("WQE_REQ"):
                 m.d.comb += [
-                    rqpf.get.valid.eq(1),
-                    rqpf.get.payload.qpn.eq(qpn),
-                    rqpf.get.payload.idx.eq(wqe_idx),
-                    rqpf.get.payload.base.eq(ctx.rq_base),
-                    rqpf.get.payload.log.eq(ctx.rq_log_size),
+                    qst.get.valid.eq(1),
+                    qst.get.payload.qpn.eq(qpn),
+                    qst.get.payload.idx.eq(wqe_idx),
+                    qst.get.payload.base.eq(ctx.rq_base),
+                    qst.get.payload.log.eq(ctx.rq_log_size),
                 ]
-                with m.If(rqpf.get.ready):
+                with m.If(qst.get.ready):
                     m.next = "WQE_DATA"
 
             with m.State("WQE_DATA"):
-                m.d.comb += rqpf.wqe.ready.eq(1)
-                with m.If(rqpf.wqe.valid):
-                    m.d.sync += [wqe.eq(rqpf.wqe.payload.wqe), wqe_err.eq(rqpf.wqe.payload.err)]
+                m.d.comb += qst.wqe.ready.eq(1)
+                with m.If(qst.wqe.valid):
+                    m.d.sync += [wqe.eq(qst.wqe.payload.wqe), wqe_err.eq(qst.wqe.payload.err)]
                     with m.If(is_wimm):
                         m.next = "WQE_IMM"
                     with m.Else():
@@ -839,7 +677,7 @@ class Responder(wiring.Component):
                     # re-executed from its RETH (the READ changes no state)
                     m.next = "RD_PUSH"
                 with m.Elif(is_atomic & len_ok):
-                    m.d.sync += rscan.eq(0)
+                    m.d.comb += replay.start.eq(1)
                     m.next = "REPLAY"
                 with m.Else():
                     m.next = "FIN_DISCARD"
@@ -847,16 +685,14 @@ class Responder(wiring.Component):
             with m.State("REPLAY"):
                 # look the PSN up in this QP's ring of recent atomic results (one slot per
                 # cycle); an atomic is never executed twice: not found -> dropped silently
-                hit = ((rc_rd.data.psn == pk.psn) & rc_rd.data.valid
-                       & (s.rfull | (rscan < s.rp)))
-                with m.If(hit):
+                with m.If(replay.hit):
                     m.d.comb += self.stat_replay.eq(1)
-                    m.d.sync += orig.eq(rc_rd.data.orig)
+                    m.d.sync += orig.eq(replay.orig)
                     m.next = "AT_ACK"
-                with m.Elif(rscan == cfg.replay_slots - 1):
+                with m.Elif(replay.last):
                     m.next = "FIN_DISCARD"
                 with m.Else():
-                    m.d.sync += rscan.eq(rscan + 1)
+                    m.d.comb += replay.step.eq(1)
 
             with m.State("RD_PUSH"):
                 with m.If(push(RESP_READ, pk.psn, Syn.ACK.value, s.msn, arg=pk.va, length=pk.dma_len)):
@@ -879,8 +715,8 @@ class Responder(wiring.Component):
                     ictx.psn.eq(pk.psn),
                 ]
                 with m.If(atomic.i.valid & atomic.i.ready):
-                    m.d.comb += [at_disp.eq(1), rc_inv.addr.eq(Cat(s.rp, qpn)),
-                                 rc_inv.data.valid.eq(0), rc_inv.en.eq(1)]
+                    m.d.comb += [at_disp.eq(1), replay.inv_en.eq(1),
+                                 replay.inv_qpn.eq(qpn), replay.inv_slot.eq(s.rp)]
                     m.d.sync += [s.rp.eq(s.rp + 1), s.rfull.eq(s.rfull | (s.rp == cfg.replay_slots - 1))]
                     m.next = "AT_PH"
 
@@ -939,41 +775,13 @@ class Responder(wiring.Component):
             with m.State("FIN_WB"):
                 with m.If(killed | kill_now):
                     m.next = "IDLE"
-                with m.Elif(~ev_reset):
-                    m.d.comb += [st_wr.addr.eq(qpn), st_wr.data.eq(s), st_wr.en.eq(1)]
+                with m.Elif(qst.wb_free):
+                    m.d.comb += [qst.wb_qpn.eq(qpn), qst.wb_row.eq(s), qst.wb_en.eq(1)]
                     m.next = "IDLE"
                 # else: the write port is taken by an event for another QP this cycle; retry
 
         with m.If(kill_now & ~fsm.ongoing("IDLE")):
             m.d.sync += killed.eq(1)
 
-        # ---- QP events (always ready, priority on the state write port) -------------
-        m.d.comb += self.qp_event.ready.eq(1)
-        with m.If(ev_reset):
-            m.d.comb += [
-                st_wr.addr.eq(ev.qpn[:qb]),
-                st_wr.data.eq(0),
-                st_wr.data.epsn.eq(ev.rq_psn),
-                st_wr.en.eq(1),
-            ]
-
-        # ---- receive doorbells ------------------------------------------------------
-        # A QP (re)created or moved to RESET starts with an empty receive queue; that event
-        # takes the write port for one cycle and the doorbell waits in its FIFO.
-        db = self.rq_db.payload
-        with m.If(ev_ok & (ev.state == QpState.RESET)):
-            m.d.comb += [pi_wr.addr.eq(ev.qpn[:qb]), pi_wr.data.eq(0), pi_wr.en.eq(1)]
-        with m.Else():
-            m.d.comb += [
-                self.rq_db.ready.eq(1),
-                pi_wr.addr.eq(db.qpn[:qb]),
-                pi_wr.data.eq(db.pi),
-                pi_wr.en.eq(self.rq_db.valid & ((db.qpn >> qb) == 0)),
-                # the prefetcher may read the QP's next receive WQE now
-                rqpf.kick.valid.eq(pi_wr.en),
-                rqpf.kick.payload.qpn.eq(db.qpn[:qb]),
-            ]
-        m.d.comb += [rqpf.reset.eq(ev_reset), rqpf.reset_qpn.eq(ev.qpn[:qb]),
-                     rqpf.reset_new.eq(ev.new), rqpf.reset_base.eq(ev.rq_base), rqpf.reset_log.eq(ev.rq_log)]
         m.d.comb += self.stat_busy.eq(~fsm.ongoing("IDLE"))
         return m
