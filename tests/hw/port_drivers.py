@@ -121,9 +121,11 @@ def _int(v):
     return int(v.as_bits()) if hasattr(v, "as_bits") else int(v)
 
 
-def run_lockstep(dut, sources, sinks, *, p_valid, p_ready, seed, max_cycles, done):
+def run_lockstep(dut, sources, sinks, *, p_valid, p_ready, seed, max_cycles, done, after=None):
     """Drive ``sources`` [(stream, [payload dict])] and sample ``sinks`` [(stream, fields)]
     cycle by cycle with random valid/ready. A source keeps an offered payload until taken.
+    ``after``: an async function of the testbench context, run in the same simulation once
+    ``done(got)`` is true or ``max_cycles`` have passed (to read counters, say).
 
     Returns (per-sink list of (cycle, dict), per-source list of accept cycles)."""
     rng = random.Random(seed)
@@ -167,6 +169,8 @@ def run_lockstep(dut, sources, sinks, *, p_valid, p_ready, seed, max_cycles, don
                     got[j].append((cycle, rec))
             if done(got):
                 break
+        if after is not None:
+            await after(ctx)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

@@ -7,9 +7,10 @@ store-and-forward latency. Random valid and ready on every port."""
 import random
 
 import pytest
-from amaranth.sim import Simulator
 
 from hw.net.switch import COUNTERS, Switch
+
+from .port_drivers import run_lockstep
 
 W = 8
 
@@ -112,50 +113,22 @@ def test_lossless_delivers_everything_in_order(seed):
 
 
 def run_and_count(dut, sources, sinks, want, counters, **kw):
-    """Random valid / ready on every port (as port_drivers.run_lockstep), then the
-    switch's counters sampled in the same simulation once the traffic is through."""
-    rng = random.Random(kw["seed"])
-    got = [[] for _ in sinks]
-    pos = [0] * len(sources)
-
-    async def tb(ctx):
-        offering = [False] * len(sources)
-        for cycle in range(kw["max_cycles"]):
-            for k, (s, items) in enumerate(sources):
-                if not offering[k] and pos[k] < len(items) and rng.random() < kw["p_valid"]:
-                    offering[k] = True
-                ctx.set(s.valid, offering[k])
-                if offering[k]:
-                    ctx.set(s.payload, items[pos[k]])
-            for s, _ in sinks:
-                ctx.set(s.ready, rng.random() < kw["p_ready"])
-            exprs = []
-            for s, _ in sources:
-                exprs += [s.valid, s.ready]
-            for s, _ in sinks:
-                exprs += [s.valid, s.ready, s.payload]
-            _, _, *v = await ctx.tick().sample(*exprs)
-            for k in range(len(sources)):
-                if v[2 * k] and v[2 * k + 1]:
-                    pos[k] += 1
-                    offering[k] = False
-            base = 2 * len(sources)
-            for j, (s, fields) in enumerate(sinks):
-                valid, ready, p = v[base + 3 * j: base + 3 * j + 3]
-                if valid and ready:
-                    got[j].append((cycle, {f: int(getattr(p, f)) for f in fields}))
-            if sum(sum(b["last"] for _, b in g) for g in got) >= want and \
-                    all(pos[k] == len(s[1]) for k, s in enumerate(sources)):
-                break
+    """port_drivers.run_lockstep until ``want`` frames have left (or ``max_cycles``), then
+    50 idle cycles and the switch's counters, in the same simulation."""
+    async def after(ctx):
+        for s, _ in sources:
+            ctx.set(s.valid, 0)
+        for s, _ in sinks:
+            ctx.set(s.ready, 1)
         for _ in range(50):
             await ctx.tick()
         for c in COUNTERS:
             counters[c] = [ctx.get(getattr(dut, c)[p]) for p in range(N)]
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
+    def done(got):
+        return sum(sum(b["last"] for _, b in g) for g in got) >= want
+
+    got, _ = run_lockstep(dut, sources, sinks, done=done, after=after, **kw)
     return got
 
 
