@@ -134,7 +134,7 @@ def test_hosts_agree(system_run, rtl_run, agree_dir):
     issue 7 asks; in fact within 4 cycles: each batch starts from an idle NIC (its doorbells
     are rung 2 us after its WQEs are written, tests/cocotb/tb_system.py ``run_random``), the
     hosts see the same link timing, and the two runs differ only in when the testbench
-    learns of the batch's last CQE (measured on the commit after a1941ab: every batch 4 ns,
+    learns of the batch's last CQE (measured on 06df650: every batch 4 ns,
     one cycle, shorter on the RTL host). Before that settle time the Python host, whose WQE
     writes take no simulated time, rang a batch's doorbells while the previous batch's tail
     was still in flight, so the batches started from different NIC states and one of them
