@@ -222,3 +222,23 @@ def check_packets(dut, pkts, got, W):
             ends.append((mc, mine[-1][0]))
         bi += len(exp)
     assert bi == len(beats)
+
+
+def frame_beats(frame, W):
+    """A frame (bytes) as the beats of a ``BeatStream(W)``: data little-endian, the last
+    beat's ``nbytes`` what is left."""
+    return [{"data": int.from_bytes(frame[o:o + W], "little"), "nbytes": len(frame[o:o + W]),
+             "last": int(o + W >= len(frame))} for o in range(0, len(frame), W)]
+
+
+def beats_to_frames(out, W):
+    """Frames (bytes) from sampled beats ``[(cycle, beat dict)]``; output must not end inside
+    a frame."""
+    frames, cur = [], b""
+    for _, b in out:
+        cur += b["data"].to_bytes(W, "little")[:b["nbytes"]]
+        if b["last"]:
+            frames.append(cur)
+            cur = b""
+    assert cur == b"", "output ends inside a frame"
+    return frames

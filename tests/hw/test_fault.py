@@ -6,6 +6,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
+from .port_drivers import beats_to_frames, frame_beats
 from hw.net.fault import (ALWAYS, COUNTERS, ZERO_SEED_STATE, FaultInjector, FrameMerger,
                       xorshift32)
 
@@ -66,11 +67,6 @@ def expected_frames(frames, W, decs):
 
 
 # ---- simulation harness ------------------------------------------------------------------
-
-def frame_beats(frame, W):
-    return [{"data": int.from_bytes(frame[o:o + W], "little"), "nbytes": len(frame[o:o + W]),
-             "last": int(o + W >= len(frame))} for o in range(0, len(frame), W)]
-
 
 def run(dut, frames, *, ctl=None, ctl_of=None, seed=1, p_valid=1.0, p_ready=1.0, tb_seed=0,
         drain=None, max_cycles=40000, passthrough=False, ready_off=()):
@@ -141,19 +137,8 @@ def run(dut, frames, *, ctl=None, ctl_of=None, seed=1, p_valid=1.0, p_ready=1.0,
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
-    res["frames"] = decode(res["out"], W)
+    res["frames"] = beats_to_frames(res["out"], W)
     return res
-
-
-def decode(out, W):
-    frames, cur = [], b""
-    for _, b in out:
-        cur += b["data"].to_bytes(W, "little")[:b["nbytes"]]
-        if b["last"]:
-            frames.append(cur)
-            cur = b""
-    assert cur == b"", "output ends inside a frame"
-    return frames
 
 
 def rand_frames(rng, n, lo=10, hi=90):
@@ -372,7 +357,7 @@ def test_decision_kept_while_first_beat_waits():
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
-    assert decode(out, 8) == [f0]
+    assert beats_to_frames(out, 8) == [f0]
 
 
 def test_same_seed_same_run_other_seed_other_run():
@@ -442,7 +427,7 @@ def test_merger_keeps_frames_whole():
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
-    got = decode(out, W)
+    got = beats_to_frames(out, W)
     assert sorted(got) == sorted(srcs[0] + srcs[1])
     for s in srcs:           # each source keeps its own order
         assert [f for f in got if f in s] == s

@@ -10,14 +10,7 @@ from hw.config import preset
 from hw.net.fault import COUNTERS, ZERO_SEED_STATE, xorshift32
 from hw.net.link import Link, link_params
 
-
-def frame_beats(frame, W):
-    beats = []
-    for off in range(0, len(frame), W):
-        chunk = frame[off:off + W]
-        beats.append({"data": int.from_bytes(chunk, "little"), "nbytes": len(chunk),
-                      "last": int(off + W >= len(frame))})
-    return beats
+from .port_drivers import beats_to_frames, frame_beats
 
 
 def run_link(dut, frames, *, p_valid=1.0, p_ready=1.0, seed=0, max_cycles=20000,
@@ -85,16 +78,6 @@ def run_link(dut, frames, *, p_valid=1.0, p_ready=1.0, seed=0, max_cycles=20000,
     return beats, accepted, out, frames_seen[-1]
 
 
-def decode(out):
-    frames, cur = [], b""
-    for _, b in out:
-        cur += b["data"].to_bytes(64, "little")[:b["nbytes"]]
-        if b["last"]:
-            frames.append(cur)
-            cur = b""
-    return frames
-
-
 def rand_frames(rng, n, lo=1, hi=200):
     return [bytes(rng.randrange(256) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
 
@@ -105,7 +88,7 @@ def test_latency_single_beat(latency):
     beats, acc, out, _ = run_link(dut, [bytes(range(8))])
     assert len(out) == 1
     assert out[0][0] - acc[0] == latency
-    assert decode(out) == [bytes(range(8))]
+    assert beats_to_frames(out, 64) == [bytes(range(8))]
 
 
 def test_latency_below_pipeline_is_min_latency():
@@ -125,7 +108,7 @@ def test_throughput_64_byte_frames_4_bytes_per_cycle():
     last_beats = [c for c, b in out if b["last"]]
     gaps = {b - a for a, b in zip(last_beats, last_beats[1:])}
     assert gaps == {16}
-    assert decode(out) == frames
+    assert beats_to_frames(out, 64) == frames
     assert nframes == 12
 
 
@@ -136,7 +119,7 @@ def test_throughput_matches_rate(rate):
     rng = random.Random(int(rate * 10))
     frames = rand_frames(rng, 30, 20, 130)
     beats, acc, out, _ = run_link(dut, frames, max_cycles=40000)
-    assert decode(out) == frames
+    assert beats_to_frames(out, 64) == frames
     total = sum(len(f) for f in frames)
     span = acc[-1] - acc[0]
     # bytes sent before the last beat, divided by the cycles it took: the configured rate
@@ -156,7 +139,7 @@ def test_backpressure_and_random_valid_keep_data_intact():
     frames = rand_frames(rng, 40, 1, 100)
     beats, acc, out, nframes = run_link(dut, frames, p_valid=0.6, p_ready=0.4, seed=3,
                                         max_cycles=60000)
-    assert decode(out) == frames
+    assert beats_to_frames(out, 64) == frames
     assert nframes == len(frames)
     # no beat is ever visible before its latency has elapsed
     assert all(c - a >= 20 for (c, _), a in zip(out, acc))
@@ -170,7 +153,7 @@ def test_full_fifo_back_pressures_input():
     beats, acc, out, _ = run_link(dut, frames, ready_off=stall, max_cycles=400)
     # 4 beats in the FIFO plus one in the output register; then input waits for o.ready
     assert sum(1 for a in acc if a < 200) == 5
-    assert decode(out) == frames
+    assert beats_to_frames(out, 64) == frames
 
 
 def test_wide_beats():
@@ -178,7 +161,7 @@ def test_wide_beats():
     rng = random.Random(1)
     frames = rand_frames(rng, 6, 60, 300)
     beats, acc, out, nframes = run_link(dut, frames, p_ready=0.7, seed=2)
-    assert decode(out) == frames
+    assert beats_to_frames(out, 64) == frames
     assert nframes == 6
 
 
@@ -188,7 +171,7 @@ def test_long_stall_does_not_wrap_time_stamps():
     frames = [bytes([k]) * 32 for k in range(4)]
     stall = set(range(2, 300))
     beats, acc, out, _ = run_link(dut, frames, ready_off=stall, max_cycles=600)
-    assert decode(out) == frames
+    assert beats_to_frames(out, 64) == frames
     # after the stall, the queued beats leave one per cycle
     cycles = [c for c, _ in out]
     assert cycles == list(range(300, 300 + len(cycles)))
@@ -238,7 +221,7 @@ def test_fault_loss_keeps_latency_of_delivered_frames():
     ctr = {}
     beats, acc, out, nframes = run_link(dut, frames, faults=dict(seed=5, loss=0x5000),
                                         expect_beats=n_kept_beats, counters=ctr)
-    assert decode(out) == kept
+    assert beats_to_frames(out, 64) == kept
     assert ctr["n_lost"] == sum(lost) > 0
     assert ctr["n_frames"] == len(frames) and nframes == len(kept)
     # the accepted beats of the kept frames come out exactly `lat` cycles later
@@ -262,7 +245,7 @@ def test_fault_down_drops_frames_while_down():
     beats, acc, out, nframes = run_link(
         dut, frames, frame_faults=lambda j: {"down": int(down[j])}, p_ready=0.7, seed=4,
         expect_beats=sum(len(frame_beats(f, W)) for f in kept), counters=ctr)
-    assert decode(out) == kept
+    assert beats_to_frames(out, 64) == kept
     assert ctr["n_down"] == 4 and ctr["n_lost"] == 0 and ctr["n_frames"] == 12
 
 
@@ -276,4 +259,4 @@ def test_fault_ports_only_with_faults():
     runs = [run_link(d, frames, p_ready=0.6, seed=5)
             for d in (dut, Link(8, 4, 2.0, max_frame_bytes=64))]
     assert runs[0] == runs[1]
-    assert decode(runs[0][2]) == frames
+    assert beats_to_frames(runs[0][2], 64) == frames

@@ -10,7 +10,7 @@ import pytest
 
 from hw.net.switch import COUNTERS, Switch
 
-from .port_drivers import run_lockstep
+from .port_drivers import beats_to_frames, frame_beats, run_lockstep
 
 W = 8
 
@@ -32,26 +32,6 @@ def test_parameters():
 def frame(rng, dst, length, prefix=True):
     body = bytes([2, 0, 0, 0, 0, dst] if prefix else [4, 0, 0, 0, 0, dst])
     return body + bytes(rng.randrange(256) for _ in range(length - 6))
-
-
-def beats(f):
-    out = []
-    for off in range(0, len(f), W):
-        chunk = f[off:off + W]
-        out.append({"data": int.from_bytes(chunk, "little"), "nbytes": len(chunk),
-                    "last": int(off + W >= len(f))})
-    return out
-
-
-def frames_of(got):
-    """Frames (bytes) from a sink's beats."""
-    out, cur = [], b""
-    for _, b in got:
-        cur += b["data"].to_bytes(W, "little")[:b["nbytes"]]
-        if b["last"]:
-            out.append(cur)
-            cur = b""
-    return out
 
 
 N = 4
@@ -94,20 +74,20 @@ def test_lossless_delivers_everything_in_order(seed):
                  routes=ROUTES)
     sent = traffic(rng, 25, unroutable=0.1)
     counters = {}
-    sources = [(dut.i[k], [b for _, f in sent[k] for b in beats(f)]) for k in range(N)]
+    sources = [(dut.i[k], [b for _, f in sent[k] for b in frame_beats(f, W)]) for k in range(N)]
     sinks = [(dut.o[p], ("data", "nbytes", "last")) for p in range(N)]
     want = sum(1 for fs in sent for p, _ in fs if p is not None)
     got = run_and_count(dut, sources, sinks, want, counters, p_valid=0.8, p_ready=0.5,
                         seed=seed, max_cycles=40000)
     for p in range(N):
-        per = split_by_input(frames_of(got[p]), sent, p)
+        per = split_by_input(beats_to_frames(got[p], W), sent, p)
         for k in range(N):
             assert per[k] == [f for q, f in sent[k] if q == p], (k, p)
     assert counters["n_drops"] == [0] * N
     assert counters["n_unroutable"] == [sum(1 for q, _ in sent[k] if q is None) for k in range(N)]
     assert sum(counters["n_unroutable"]) > 0
-    assert counters["n_frames"] == [len(frames_of(got[p])) for p in range(N)]
-    assert counters["n_bytes"] == [sum(map(len, frames_of(got[p]))) for p in range(N)]
+    assert counters["n_frames"] == [len(beats_to_frames(got[p], W)) for p in range(N)]
+    assert counters["n_bytes"] == [sum(map(len, beats_to_frames(got[p], W))) for p in range(N)]
     cells = -(-(4224 + 512) // W)
     assert all(0 < b <= cells * W for b in counters["max_bytes"]), counters
 
@@ -141,11 +121,11 @@ def test_drop_tail_drops_whole_frames_and_counts_them(seed):
                  routes=ROUTES, lossless=False)
     sent = traffic(rng, 30, hot=1)
     counters = {}
-    sources = [(dut.i[k], [b for _, f in sent[k] for b in beats(f)]) for k in range(N)]
+    sources = [(dut.i[k], [b for _, f in sent[k] for b in frame_beats(f, W)]) for k in range(N)]
     sinks = [(dut.o[p], ("data", "nbytes", "last")) for p in range(N)]
     got = run_and_count(dut, sources, sinks, 10 ** 9, counters, p_valid=1.0, p_ready=1.0,
                         seed=seed, max_cycles=30000)
-    out = frames_of(got[1])
+    out = beats_to_frames(got[1], W)
     per = split_by_input(out, sent, 1)
     for k in range(N):
         mine = [f for q, f in sent[k] if q == 1]
@@ -168,12 +148,12 @@ def test_serialisation_with_wire_overhead_and_latency():
     fs = [frame(rng, 12, 64) for _ in range(20)]
     sent = [[] for _ in range(N)]
     sent[0] = [(2, f) for f in fs]
-    sources = [(dut.i[k], [b for _, f in sent[k] for b in beats(f)]) for k in range(N)]
+    sources = [(dut.i[k], [b for _, f in sent[k] for b in frame_beats(f, W)]) for k in range(N)]
     sinks = [(dut.o[p], ("data", "nbytes", "last")) for p in range(N)]
     counters = {}
     got = run_and_count(dut, sources, sinks, 20, counters, p_valid=1.0, p_ready=1.0, seed=0,
                         max_cycles=2000)
-    assert frames_of(got[2]) == fs
+    assert beats_to_frames(got[2], W) == fs
     ends = [c for c, b in got[2] if b["last"]]
     gaps = [b - a for a, b in zip(ends, ends[1:])]
     assert gaps[5:] == [11] * len(gaps[5:]), gaps
@@ -192,11 +172,11 @@ def test_lossless_incast_fills_the_queue_and_loses_nothing(seed):
     dut = Switch(N, W, queue_bytes=qb, bytes_per_cycle=3.0, latency_cycles=3, routes=ROUTES)
     sent = traffic(rng, 25, hot=3)
     counters = {}
-    sources = [(dut.i[k], [b for _, f in sent[k] for b in beats(f)]) for k in range(N)]
+    sources = [(dut.i[k], [b for _, f in sent[k] for b in frame_beats(f, W)]) for k in range(N)]
     sinks = [(dut.o[p], ("data", "nbytes", "last")) for p in range(N)]
     got = run_and_count(dut, sources, sinks, 4 * 25, counters, p_valid=1.0, p_ready=0.3,
                         seed=seed, max_cycles=60000)
-    per = split_by_input(frames_of(got[3]), sent, 3)
+    per = split_by_input(beats_to_frames(got[3], W), sent, 3)
     for k in range(N):
         assert per[k] == [f for _, f in sent[k]], k
     cap = -(-qb // W) * W
